@@ -1,0 +1,31 @@
+//! loopguard policies: YAML files that say which tool-call loops to catch and what to do.
+//!
+//! The key design decision: a policy is read into a loose, spanned node tree first and only then
+//! compiled. Every check — unknown keys, types, ranges, regexes, cross-references — works on that
+//! tree, so each problem names its file, line and column and all of them are reported together.
+//! Parameters are declared once in [`schema`]; defaults, the JSON Schema and the README's rule
+//! reference are derived from those declarations.
+//!
+//! ```
+//! use loopguard_rules::Policy;
+//!
+//! let loaded = Policy::load_text(
+//!     std::path::Path::new("inline.yaml"),
+//!     "version: 1\ndetectors:\n  exact_repeat:\n    threshold: 4\n".to_owned(),
+//! );
+//! let policy = loaded.policy.expect("valid");
+//! assert_eq!(policy.base().detectors.exact_repeat.threshold, 4);
+//! ```
+
+pub mod check;
+pub mod config;
+pub mod diagnostic;
+pub mod generate;
+pub mod node;
+pub mod policy;
+pub mod schema;
+mod semantic;
+
+pub use config::{Action, Category, Config, Detectors, Ladder, Step};
+pub use diagnostic::{Diagnostic, Severity, SourceMap};
+pub use policy::{DEFAULT_POLICY, LoadError, Loaded, Policy};

@@ -1,0 +1,514 @@
+//! Loading a policy: read, parse, follow `extends`, check, merge defaults, build.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use globset::GlobMatcher;
+use serde_saphyr::Spanned;
+
+use crate::check::{check_section, compile_glob};
+use crate::config::{Config, PluginSpec};
+use crate::diagnostic::{Diagnostic, SourceMap};
+use crate::node::{Node, SourceId, Span, Value};
+use crate::schema::{Field, Kind, POLICY};
+use crate::semantic;
+
+/// Largest policy file accepted.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+/// Deepest nesting accepted in a policy file.
+pub const MAX_DEPTH: usize = 32;
+/// Longest `extends` chain accepted.
+pub const MAX_EXTENDS: usize = 16;
+
+/// A policy could not be loaded at all (as opposed to loaded and found invalid).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[non_exhaustive]
+pub enum LoadError {
+    #[error("cannot read `{path}`: {source}")]
+    #[diagnostic(code(loopguard::unreadable))]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A compiled policy: the effective configuration for every (backend, model).
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub name: String,
+    pub description: String,
+    /// The file it was loaded from, if any.
+    pub path: Option<PathBuf>,
+    root: Node,
+    base: Config,
+    overrides: Vec<Override>,
+    pub plugins: Vec<PluginSpec>,
+}
+
+#[derive(Clone, Debug)]
+struct Override {
+    backend: Option<GlobMatcher>,
+    model: Option<GlobMatcher>,
+    node: Node,
+}
+
+/// The outcome of loading: the policy when it has no errors, every diagnostic, and the sources
+/// needed to render them.
+#[derive(Debug)]
+pub struct Loaded {
+    pub policy: Option<Policy>,
+    pub diagnostics: Vec<Diagnostic>,
+    pub sources: SourceMap,
+}
+
+impl Loaded {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+impl Policy {
+    /// Loads a policy file and every file it extends.
+    pub fn load(path: &Path) -> Result<Loaded, LoadError> {
+        let text = read_limited(path)?;
+        Ok(Self::load_text(path, text))
+    }
+
+    /// Loads a policy from text; `path` names it and anchors relative `extends` and plugin paths.
+    pub fn load_text(path: &Path, text: String) -> Loaded {
+        let mut sources = SourceMap::default();
+        let mut diagnostics = Vec::new();
+        let mut chain = Vec::new();
+        let merged = load_chain(path, text, &mut sources, &mut diagnostics, &mut chain);
+        let policy = merged.and_then(|tree| {
+            let mut root = defaults().clone();
+            root.merge(&tree);
+            // Semantic checks read the tree defensively, so they run even when some values
+            // have the wrong type: every problem is reported at once.
+            semantic::check(&root, &mut diagnostics);
+            if diagnostics.iter().any(Diagnostic::is_error) {
+                return None;
+            }
+            Some(Policy::build(path, root))
+        });
+        dedup(&mut diagnostics);
+        Loaded {
+            policy,
+            diagnostics,
+            sources,
+        }
+    }
+
+    /// The shipped default policy, embedded in the binary.
+    pub fn builtin_default() -> Loaded {
+        Self::load_text(Path::new("rules/default.yaml"), DEFAULT_POLICY.to_owned())
+    }
+
+    fn build(path: &Path, root: Node) -> Policy {
+        let base = Config::from_node(&root);
+        let overrides = root
+            .get("overrides")
+            .and_then(Node::as_seq)
+            .unwrap_or_default()
+            .iter()
+            .map(|o| {
+                let m = o.get("match");
+                let glob = |key: &str| {
+                    m.and_then(|m| m.get(key))
+                        .and_then(Node::as_str)
+                        .and_then(|p| compile_glob(p).ok())
+                };
+                let mut node = o.clone();
+                if let Value::Map(entries) = &mut node.value {
+                    entries.retain(|(k, _)| k.as_str() != Some("match"));
+                }
+                Override {
+                    backend: glob("backend"),
+                    model: glob("model"),
+                    node,
+                }
+            })
+            .collect();
+        let plugins = plugin_specs(&root);
+        let file_stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        Policy {
+            name: root
+                .get("name")
+                .and_then(Node::as_str)
+                .map(str::to_owned)
+                .or(file_stem)
+                .unwrap_or_default(),
+            description: root
+                .get("description")
+                .and_then(Node::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            path: Some(path.to_path_buf()),
+            root,
+            base,
+            overrides,
+            plugins,
+        }
+    }
+
+    /// The configuration with no override applied.
+    pub fn base(&self) -> &Config {
+        &self.base
+    }
+
+    /// The effective configuration for a backend and model: every matching override is applied
+    /// over the policy, in order. Call once per session, not per event.
+    pub fn resolve(&self, backend: Option<&str>, model: Option<&str>) -> Config {
+        let fits = |m: &Option<GlobMatcher>, v: Option<&str>| match (m, v) {
+            (None, _) => true,
+            (Some(m), Some(v)) => m.is_match(v),
+            (Some(_), None) => false,
+        };
+        let matching: Vec<&Override> = self
+            .overrides
+            .iter()
+            .filter(|o| fits(&o.backend, backend) && fits(&o.model, model))
+            .collect();
+        if matching.is_empty() {
+            return self.base.clone();
+        }
+        let mut root = self.root.clone();
+        for o in matching {
+            root.merge(&o.node);
+        }
+        Config::from_node(&root)
+    }
+
+    /// The merged policy tree (defaults, extended files, this file) as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        self.root.to_json()
+    }
+}
+
+/// The text of `rules/default.yaml`, embedded so the engine and `loopctl` work from anywhere.
+pub const DEFAULT_POLICY: &str = include_str!("../../../rules/default.yaml");
+
+fn read_limited(path: &Path) -> Result<String, LoadError> {
+    let meta = std::fs::metadata(path).map_err(|source| LoadError::Read {
+        path: path.into(),
+        source,
+    })?;
+    if meta.is_dir() {
+        return Err(LoadError::Read {
+            path: path.into(),
+            source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"),
+        });
+    }
+    if meta.len() > MAX_FILE_BYTES as u64 {
+        return Err(LoadError::Read {
+            path: path.into(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("larger than the {MAX_FILE_BYTES}-byte limit for policy files"),
+            ),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.into(),
+        source,
+    })?;
+    String::from_utf8(bytes).map_err(|e| LoadError::Read {
+        path: path.into(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8: {e}")),
+    })
+}
+
+/// Parses YAML text into a node tree, with limits against hostile input.
+pub fn parse_yaml(text: &str, source: SourceId) -> Result<Node, Box<Diagnostic>> {
+    let start = Span {
+        source,
+        offset: 0,
+        len: 0,
+        line: 1,
+        column: 1,
+    };
+    if text.len() > MAX_FILE_BYTES {
+        return Err(Box::new(
+            Diagnostic::error("too-large", start, "policy file is too large").with_help(format!(
+                "policy files are limited to {MAX_FILE_BYTES} bytes"
+            )),
+        ));
+    }
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: MAX_DEPTH,
+            max_nodes: 200_000,
+            max_aliases: 1_000,
+            max_anchors: 1_000,
+            max_documents: 1,
+            max_total_scalar_bytes: MAX_FILE_BYTES * 2,
+        },
+        alias_limits: serde_saphyr::alias_limits! {
+            max_total_replayed_events: 100_000,
+            max_replay_stack_depth: 16,
+            max_alias_expansions_per_anchor: 1_000,
+        },
+        with_snippet: false,
+        strict_booleans: true,
+    };
+    match serde_saphyr::from_str_with_options::<Spanned<Value>>(text, options) {
+        Ok(doc) => {
+            let mut node = Node::from(doc);
+            node.set_source(source);
+            if matches!(node.value, Value::Null) && text.trim().is_empty() {
+                return Err(Box::new(
+                    Diagnostic::error("empty", start, "policy file is empty")
+                        .with_help("start with `version: 1`"),
+                ));
+            }
+            Ok(node)
+        }
+        Err(e) => Err(Box::new(yaml_error(text, source, &e))),
+    }
+}
+
+fn yaml_error(text: &str, source: SourceId, e: &serde_saphyr::Error) -> Diagnostic {
+    let mut span = Span {
+        source,
+        offset: 0,
+        len: 0,
+        line: 1,
+        column: 1,
+    };
+    if let Some(loc) = e.location() {
+        span.line = u32::try_from(loc.line()).unwrap_or(1).max(1);
+        span.column = u32::try_from(loc.column()).unwrap_or(1).max(1);
+        span.offset = loc
+            .span()
+            .byte_offset()
+            .and_then(|o| usize::try_from(o).ok())
+            .unwrap_or_else(|| offset_of(text, span.line, span.column));
+    }
+    let raw = e.to_string();
+    let first = raw.lines().next().unwrap_or("invalid YAML").trim();
+    // The parser's own position suffix repeats what the span already says.
+    let first = first
+        .find(" at line ")
+        .map_or(first, |i| &first[..i])
+        .trim_end_matches('.');
+    let lower = first.to_lowercase();
+    let (code, message, help) = if let Some(rest) = lower.strip_prefix("duplicate mapping key: ") {
+        let key = first.get(first.len() - rest.len()..).unwrap_or(rest);
+        let key = key.split(',').next().unwrap_or(key).trim();
+        (
+            "duplicate-key",
+            format!("duplicate key `{key}`"),
+            "each key may appear once in a mapping; remove or merge the repeated one",
+        )
+    } else if lower.contains("alias") {
+        (
+            "too-complex",
+            "too many alias expansions".to_owned(),
+            "aliases may expand to a bounded number of nodes; write the values out instead",
+        )
+    } else if lower.contains("depth") {
+        (
+            "too-complex",
+            format!("nesting deeper than {MAX_DEPTH} levels"),
+            "policies need only a few levels of nesting; flatten this value",
+        )
+    } else if lower.contains("budget") || lower.contains("limit") {
+        (
+            "too-complex",
+            "document too large or complex".to_owned(),
+            "policy files are limited in node count, aliases and size",
+        )
+    } else {
+        (
+            "yaml-syntax",
+            format!("invalid YAML: {}", lowercase_first(first)),
+            "check indentation, quoting and that `:` separates keys from values",
+        )
+    };
+    Diagnostic::error(code, span, message)
+        .with_label("here")
+        .with_help(help)
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().collect::<String>() + chars.as_str(),
+        None => String::new(),
+    }
+}
+
+fn offset_of(text: &str, line: u32, column: u32) -> usize {
+    let mut offset = 0usize;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        if i + 1 == line as usize {
+            let col = l
+                .char_indices()
+                .nth(column.saturating_sub(1) as usize)
+                .map_or(l.len(), |(b, _)| b);
+            return offset + col;
+        }
+        offset += l.len();
+    }
+    text.len()
+}
+
+/// Loads one file and, first, the files it extends; returns the merged tree of the chain.
+fn load_chain(
+    path: &Path,
+    text: String,
+    sources: &mut SourceMap,
+    diagnostics: &mut Vec<Diagnostic>,
+    chain: &mut Vec<PathBuf>,
+) -> Option<Node> {
+    let id = sources.add(path, text);
+    let text = sources.get(id).map(|s| s.text.clone()).unwrap_or_default();
+    let node = match parse_yaml(&text, id) {
+        Ok(node) => node,
+        Err(diag) => {
+            diagnostics.push(*diag);
+            return None;
+        }
+    };
+    check_section(&node, POLICY, "", diagnostics);
+    semantic::check_version(&node, diagnostics);
+    chain.push(canonical(path));
+
+    let Some((key, target)) = node.entry("extends") else {
+        return Some(node);
+    };
+    let Some(rel) = target.as_str() else {
+        return Some(node); // wrong type, already reported
+    };
+    let parent_path = path.parent().unwrap_or(Path::new(".")).join(rel);
+    let parent_canonical = canonical(&parent_path);
+    if chain.contains(&parent_canonical) {
+        diagnostics.push(
+            Diagnostic::error(
+                "cyclic-extends",
+                target.span,
+                format!("`extends: {rel}` makes a cycle"),
+            )
+            .with_label("extends a file that extends this one")
+            .with_help(format!(
+                "the chain is {}; remove one `extends`",
+                chain
+                    .iter()
+                    .chain(std::iter::once(&parent_canonical))
+                    .map(|p| format!("`{}`", p.file_name().unwrap_or_default().to_string_lossy()))
+                    .collect::<Vec<_>>()
+                    .join(" → ")
+            )),
+        );
+        return Some(node);
+    }
+    if chain.len() >= MAX_EXTENDS {
+        diagnostics.push(
+            Diagnostic::error(
+                "extends-too-deep",
+                target.span,
+                "`extends` chain is too long",
+            )
+            .with_help(format!(
+                "at most {MAX_EXTENDS} files may extend one another"
+            )),
+        );
+        return Some(node);
+    }
+    let parent_text = match read_limited(&parent_path) {
+        Ok(t) => t,
+        Err(LoadError::Read { source, .. }) => {
+            let _ = key;
+            diagnostics.push(
+                Diagnostic::error(
+                    "missing-extends",
+                    target.span,
+                    format!("cannot read extended policy `{rel}`: {source}"),
+                )
+                .with_label(format!("looked for `{}`", parent_path.display()))
+                .with_help("paths in `extends` are relative to the file that names them"),
+            );
+            return Some(node);
+        }
+    };
+    let parent = load_chain(&parent_path, parent_text, sources, diagnostics, chain);
+    chain.pop();
+    match parent {
+        Some(mut merged) => {
+            merged.merge(&node);
+            Some(merged)
+        }
+        None => Some(node),
+    }
+}
+
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+fn plugin_specs(root: &Node) -> Vec<PluginSpec> {
+    root.get("plugins")
+        .and_then(Node::as_seq)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| {
+            let rel = p.get("path")?.as_str()?;
+            Some(PluginSpec {
+                path: PathBuf::from(rel),
+                name: p.get("name").and_then(Node::as_str).map(str::to_owned),
+                enabled: !matches!(p.get("enabled").map(|n| &n.value), Some(Value::Bool(false))),
+                ladder: p.get("ladder").and_then(Node::as_str).map(str::to_owned),
+                config: p
+                    .get("config")
+                    .map_or(serde_json::Value::Null, Node::to_json),
+            })
+        })
+        .collect()
+}
+
+/// Every declared default, as a node tree.
+pub fn defaults() -> &'static Node {
+    static DEFAULTS: OnceLock<Node> = OnceLock::new();
+    DEFAULTS.get_or_init(|| section_defaults(POLICY))
+}
+
+/// Parses one declared default (a YAML snippet).
+pub(crate) fn parse_default(yaml: &str) -> Node {
+    parse_yaml(yaml, SourceId(u32::MAX)).unwrap_or(Node {
+        value: Value::Null,
+        span: Span::default(),
+    })
+}
+
+fn section_defaults(fields: &'static [Field]) -> Node {
+    let mut entries = Vec::new();
+    for field in fields {
+        let value = match (&field.kind, field.default) {
+            (_, Some(yaml)) => parse_default(yaml),
+            (Kind::Section(inner), None) => section_defaults(inner),
+            _ => continue,
+        };
+        let key = Node {
+            value: Value::Str(field.key.to_owned()),
+            span: Span::default(),
+        };
+        entries.push((key, value));
+    }
+    Node {
+        value: Value::Map(entries),
+        span: Span::default(),
+    }
+}
+
+fn dedup(diagnostics: &mut Vec<Diagnostic>) {
+    let mut seen: Vec<Diagnostic> = Vec::new();
+    diagnostics.retain(|d| {
+        if seen.contains(d) {
+            false
+        } else {
+            seen.push(d.clone());
+            true
+        }
+    });
+}

@@ -1,0 +1,42 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
+
+use loopguard_rules::{Action, Policy};
+
+#[test]
+fn builtin_default_is_valid_and_has_no_warnings() {
+    let loaded = Policy::builtin_default();
+    for d in &loaded.diagnostics {
+        eprintln!("{}", loaded.sources.render(d));
+    }
+    assert!(loaded.diagnostics.is_empty());
+    let policy = loaded.policy.expect("default policy builds");
+    let cfg = policy.base();
+    assert_eq!(cfg.window_size, 30);
+    assert_eq!(
+        cfg.category_of("read_file").map(|c| c.name.as_str()),
+        Some("exploration")
+    );
+    assert_eq!(
+        cfg.category_of("mcp__github__read_issue")
+            .map(|c| c.name.as_str()),
+        Some("exploration")
+    );
+    assert_eq!(
+        cfg.category_of("frobnicate").map(|c| c.name.as_str()),
+        Some("default")
+    );
+    assert_eq!(
+        cfg.category_of("read_file")
+            .map(|c| c.detectors.exact_repeat.threshold),
+        Some(4)
+    );
+    assert_eq!(cfg.detectors.exact_repeat.threshold, 3);
+    let ladder = &cfg.ladders["default"];
+    assert_eq!(ladder.step(1, 0).map(|s| s.action), Some(Action::Warn));
+    assert_eq!(ladder.step(1, 4).map(|s| s.action), Some(Action::Block));
+    assert_eq!(ladder.step(2, 0).map(|s| s.action), Some(Action::Block));
+    assert_eq!(ladder.step(9, 0).map(|s| s.action), Some(Action::Terminate));
+    assert!(!cfg.detectors.test_fix.test_commands.is_empty());
+    assert!(cfg.detectors.test_fix.test_commands[0].is_match("cargo test --workspace"));
+    assert!(!cfg.user.repeat_requests.is_empty());
+}
