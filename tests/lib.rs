@@ -1,1 +1,83 @@
-//! End-to-end tests live in `tests/`; this crate has no library code of its own.
+//! Helpers shared by the end-to-end tests in `tests/`: where the workspace is, and the real
+//! artifacts the tests run — the `loopctl` binary and the plugins as shared libraries.
+//!
+//! Cargo only hands a test the path of a binary from its own package, so the artifacts of other
+//! packages are built here, once per test process, with the same cargo and profile as the tests
+//! themselves (a no-op when they are fresh). Everything is built by one `cargo build` so features
+//! unify the same way every time and nothing is rebuilt twice.
+#![allow(clippy::expect_used, clippy::panic)] // test support: failing loudly is the point
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The plugin packages built for the tests, as shared libraries.
+pub const PLUGINS: &[&str] = &[
+    "loopguard-plugin-noop",
+    "loopguard-plugin-panicky",
+    "loopguard-plugin-wrong-abi",
+    "loopguard-plugin-bad-status",
+    "loopguard-plugin-similarity",
+    "loopguard-plugin-results",
+];
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
+}
+
+/// The directory cargo puts this profile's artifacts in, after building them.
+pub fn artifacts() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let release = !cfg!(debug_assertions);
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(root())
+            .args(["build", "--quiet", "-p", "loopctl"]);
+        for p in PLUGINS {
+            cmd.args(["-p", p]);
+        }
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .expect("run cargo build for loopctl and the plugins");
+        assert!(status.success(), "building loopctl and the plugins failed");
+        let target = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(dir) => root().join(dir),
+            None => root().join("target"),
+        };
+        target.join(if release { "release" } else { "debug" })
+    })
+}
+
+/// The real `loopctl` binary, freshly built.
+pub fn loopctl_path() -> PathBuf {
+    let path = artifacts().join(format!("loopctl{}", std::env::consts::EXE_SUFFIX));
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}
+
+/// A command running the real `loopctl` binary, from the workspace root.
+pub fn loopctl() -> assert_cmd::Command {
+    let mut cmd = assert_cmd::Command::new(loopctl_path());
+    cmd.current_dir(root());
+    cmd
+}
+
+/// The shared library of a plugin package, freshly built.
+pub fn plugin_path(package: &str) -> PathBuf {
+    let file = format!(
+        "{}{}{}",
+        std::env::consts::DLL_PREFIX,
+        package.replace('-', "_"),
+        std::env::consts::DLL_SUFFIX
+    );
+    let path = artifacts().join(file);
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}

@@ -4,15 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
-
-fn loopctl() -> Command {
-    Command::cargo_bin("loopctl").expect("loopctl is built")
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use loopguard_tests::{loopctl, root};
 
 fn fixtures() -> Vec<PathBuf> {
     let dir = root().join("tests/fixtures/policies");

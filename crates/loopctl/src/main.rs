@@ -1,5 +1,7 @@
 //! `loopctl`: check loopguard policies, print their schema, replay transcripts through them.
 
+mod simulate;
+mod transcript;
 mod validate;
 
 use std::process::ExitCode;
@@ -12,6 +14,8 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_INVALID: u8 = 1;
 /// Exit code: the command could not run (missing file, unreadable input).
 pub const EXIT_CANNOT_RUN: u8 = 2;
+/// Exit code of `simulate`: the policy intervened at least once.
+pub const EXIT_INTERVENED: u8 = 3;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -49,8 +53,37 @@ enum Command {
     /// Print the JSON Schema of the policy format (for editors such as yaml-language-server).
     Schema {
         /// Print the Markdown rule reference instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "events")]
         reference: bool,
+        /// Print the JSON Schema of one line of the loopguard event format instead.
+        #[arg(long)]
+        events: bool,
+    },
+    /// Replay recorded conversations through a policy and show where and why it intervenes.
+    ///
+    /// Transcripts are loopguard event JSON Lines, OpenAI chat-completions messages (an array,
+    /// JSON Lines, or a request body with `messages`) or Anthropic messages, detected from the
+    /// content. Exit status: 0 when the policy never intervened, 3 when it did, 1 on bad input
+    /// (a malformed transcript or policy), 2 when a file could not be read.
+    Simulate {
+        /// Transcript files.
+        #[arg(required = true)]
+        transcripts: Vec<std::path::PathBuf>,
+        /// The policy file; default: the built-in `rules/default.yaml`.
+        #[arg(long, value_name = "FILE")]
+        rules: Option<std::path::PathBuf>,
+        /// Apply the policy's overrides for this backend.
+        #[arg(long)]
+        backend: Option<String>,
+        /// Apply the policy's overrides for this model.
+        #[arg(long)]
+        model: Option<String>,
+        /// Print one JSON object per intervention, one per line, and nothing else.
+        #[arg(long)]
+        json: bool,
+        /// Print only the interventions, not every tool call.
+        #[arg(long, short)]
+        quiet: bool,
     },
 }
 
@@ -69,8 +102,30 @@ fn main() -> ExitCode {
             error_format,
             deny_warnings,
         } => validate::run(&paths, error_format, deny_warnings),
-        Command::Schema { reference } => {
-            if reference {
+        Command::Simulate {
+            transcripts,
+            rules,
+            backend,
+            model,
+            json,
+            quiet,
+        } => simulate::run(
+            &transcripts,
+            &simulate::Options {
+                rules,
+                backend,
+                model,
+                json,
+                quiet,
+            },
+        ),
+        Command::Schema { reference, events } => {
+            if events {
+                emit(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&transcript::event_schema()).unwrap_or_default()
+                ));
+            } else if reference {
                 emit(&loopguard_rules::generate::reference_markdown());
             } else {
                 let schema = loopguard_rules::generate::json_schema();

@@ -263,6 +263,8 @@ pub struct PluginSpec {
 /// The effective configuration for one (backend, model).
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// Whether detection runs at all (a run-time setting; policies always enable it).
+    pub enabled: bool,
     pub window_size: usize,
     pub time: Time,
     pub user: User,
@@ -357,6 +359,22 @@ fn section<'a>(node: &'a Node, key: &str, fallback: &'a Node) -> &'a Node {
 }
 
 impl Detectors {
+    /// Drops every detector's own ladder choice, so the category's or the global one applies.
+    pub fn clear_ladders(&mut self) {
+        self.exact_repeat.ladder = None;
+        self.fuzzy_repeat.ladder = None;
+        self.cycle.ladder = None;
+        self.interleaved.ladder = None;
+        self.no_progress.ladder = None;
+        self.same_outcome.ladder = None;
+        self.error_cascade.ladder = None;
+        self.test_fix.ladder = None;
+        self.monologue.ladder = None;
+        self.text_repeat.ladder = None;
+        self.chanting.ladder = None;
+        self.unknown_tool.ladder = None;
+    }
+
     /// Builds from a `detectors` section with defaults merged in.
     pub(crate) fn from_node(node: &Node) -> Detectors {
         let none = empty();
@@ -530,6 +548,7 @@ impl Config {
             .collect();
 
         Config {
+            enabled: true,
             window_size: u(window, "size") as usize,
             time: Time {
                 ttl_seconds: u64_(time, "ttl_seconds"),

@@ -1,0 +1,194 @@
+#![allow(clippy::expect_used)] // benchmark support code: a broken setup should stop the run
+
+//! Shared inputs for the benchmarks and the allocation checks: realistic tool calls with
+//! ~200-byte arguments, a 64 KiB tool output, streamed text, and a long synthetic transcript.
+
+use loopguard_engine::{Arguments, Call, Engine, Event, Text, ToolResult, UserMessage};
+use serde_json::{Value, json};
+
+/// Distinct calls (more than the default window) so that cycling through them never loops.
+pub fn distinct_calls(n: usize) -> Vec<(String, Value)> {
+    let tools = [
+        "read_file",
+        "bash",
+        "grep",
+        "str_replace_editor",
+        "web_search",
+        "list_directory",
+    ];
+    (0..n)
+        .map(|i| {
+            let tool = tools[i % tools.len()].to_owned();
+            let args = json!({
+                "path": format!("src/module_{i:03}/handlers/request_validation.rs"),
+                "command": format!("cargo test -p service_{i} -- --nocapture validation::"),
+                "pattern": format!("fn validate_{i}\\("),
+                "offset": i * 40,
+                "limit": 200,
+                "request_id": format!("req-{i:08x}"),
+            });
+            (tool, args)
+        })
+        .collect()
+}
+
+/// Size in bytes of the arguments as JSON text.
+pub fn args_len(args: &Value) -> usize {
+    args.to_string().len()
+}
+
+/// A tool output of `len` bytes that looks like a build log.
+pub fn big_output(len: usize) -> String {
+    let mut out = String::with_capacity(len + 128);
+    let mut i = 0u64;
+    while out.len() < len {
+        out.push_str(&format!(
+            "2026-11-22T10:{:02}:{:02}Z [pid {}] compiling crate_{} v0.{}.0 ({} ms)\n",
+            (i / 60) % 60,
+            i % 60,
+            4000 + i % 97,
+            i,
+            i % 9,
+            (i * 37) % 1000
+        ));
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+/// An owned event for replaying long synthetic transcripts.
+#[derive(Debug, Clone)]
+pub enum Owned {
+    Call {
+        id: String,
+        tool: String,
+        args: Value,
+        t: u64,
+    },
+    Result {
+        id: String,
+        output: String,
+        error: bool,
+        t: u64,
+    },
+    Text {
+        text: String,
+        t: u64,
+    },
+    User {
+        text: String,
+        t: u64,
+    },
+}
+
+/// A transcript of `n` events: mostly healthy work with occasional loops, several sessions.
+pub fn synthetic_transcript(n: usize) -> Vec<(String, Owned)> {
+    let calls = distinct_calls(200);
+    let mut out = Vec::with_capacity(n);
+    let mut i = 0usize;
+    while out.len() < n {
+        let session = format!("s{}", i % 8);
+        let t = (i as u64) * 500;
+        let (tool, args) = if i % 50 < 5 {
+            calls[7].clone()
+        } else {
+            calls[(i * 7) % calls.len()].clone()
+        };
+        let id = format!("c{i}");
+        out.push((
+            session.clone(),
+            Owned::Call {
+                id: id.clone(),
+                tool,
+                args,
+                t,
+            },
+        ));
+        out.push((
+            session.clone(),
+            Owned::Result {
+                id,
+                output: format!("ok: {} lines", i % 13),
+                error: i.is_multiple_of(11),
+                t: t + 100,
+            },
+        ));
+        if i.is_multiple_of(10) {
+            out.push((
+                session.clone(),
+                Owned::Text {
+                    text: "Working on it; next I will read the handler.".into(),
+                    t: t + 200,
+                },
+            ));
+        }
+        if i.is_multiple_of(97) {
+            out.push((
+                session,
+                Owned::User {
+                    text: "continue".into(),
+                    t: t + 300,
+                },
+            ));
+        }
+        i += 1;
+    }
+    out.truncate(n);
+    out
+}
+
+/// Replays owned events through an engine; returns how many verdicts were not `allow`.
+pub fn replay(engine: &Engine, events: &[(String, Owned)]) -> usize {
+    let mut flagged = 0;
+    for (session, ev) in events {
+        let verdict = match ev {
+            Owned::Call { id, tool, args, t } => engine.observe(&Event::Call(Call {
+                session,
+                call_id: id,
+                tool,
+                arguments: Arguments::Json(args),
+                time_ms: *t,
+            })),
+            Owned::Result {
+                id,
+                output,
+                error,
+                t,
+            } => engine.observe(&Event::Result(ToolResult {
+                session,
+                call_id: id,
+                output,
+                is_error: *error,
+                exit_code: None,
+                time_ms: *t,
+            })),
+            Owned::Text { text, t } => engine.observe(&Event::Text(Text {
+                session,
+                text,
+                chunk: false,
+                end_of_turn: true,
+                reasoning: false,
+                time_ms: *t,
+            })),
+            Owned::User { text, t } => engine.observe(&Event::User(UserMessage {
+                session,
+                text,
+                injected: false,
+                time_ms: *t,
+            })),
+        };
+        if !verdict.is_allow() {
+            flagged += 1;
+        }
+    }
+    flagged
+}
+
+/// The default policy, as shipped.
+pub fn default_engine() -> Engine {
+    let policy = loopguard_rules::Policy::builtin_default()
+        .policy
+        .expect("the embedded default policy is valid");
+    Engine::from_policy(&policy)
+}

@@ -1,0 +1,140 @@
+//! A [`Config`] compiled once: fingerprint and result rules, and a table of tools that records,
+//! once per tool name, its category, key lists and whether it is a shell or a known tool.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::{Arc, RwLock};
+
+use loopguard_rules::{Config, Detectors, Ladder};
+
+use crate::fingerprint::{FingerprintRules, ToolKeys};
+use crate::hash::StreamHasher;
+use crate::normalize::ResultRules;
+
+/// Tools beyond this many distinct names are not cached (they share the last id).
+const MAX_TOOLS: usize = u16::MAX as usize;
+
+/// What the engine decided once about one tool name.
+#[derive(Debug)]
+pub struct ToolInfo {
+    pub id: u16,
+    pub name: Box<str>,
+    /// Index into `Config::categories`.
+    pub category: Option<usize>,
+    pub keys: ToolKeys,
+    /// False when `unknown_tool.known_tools` is non-empty and does not list it.
+    pub known: bool,
+}
+
+#[derive(Debug, Default)]
+struct ToolTable {
+    by_name: HashMap<Box<str>, u16, BuildHasherDefault<StreamHasher>>,
+    infos: Vec<Arc<ToolInfo>>,
+}
+
+/// The policy's configuration, compiled for the detectors.
+#[derive(Debug)]
+pub struct CompiledRules {
+    pub(crate) config: Config,
+    pub(crate) fingerprint: FingerprintRules,
+    pub(crate) results: ResultRules,
+    tools: RwLock<ToolTable>,
+}
+
+impl CompiledRules {
+    pub fn new(config: Config) -> CompiledRules {
+        CompiledRules {
+            fingerprint: FingerprintRules::from_config(&config),
+            results: ResultRules::from_config(&config),
+            config,
+            tools: RwLock::new(ToolTable::default()),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The detector parameters of a category (or the top-level ones).
+    pub fn detectors(&self, category: Option<usize>) -> &Detectors {
+        category
+            .and_then(|i| self.config.categories.get(i))
+            .map_or(&self.config.detectors, |c| &c.detectors)
+    }
+
+    /// The decision about a tool name, made on its first use.
+    pub fn tool(&self, name: &str) -> Arc<ToolInfo> {
+        {
+            let table = self.tools.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(&id) = table.by_name.get(name)
+                && let Some(info) = table.infos.get(usize::from(id))
+            {
+                return Arc::clone(info);
+            }
+        }
+        let mut table = self.tools.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(&id) = table.by_name.get(name)
+            && let Some(info) = table.infos.get(usize::from(id))
+        {
+            return Arc::clone(info);
+        }
+        let full = table.infos.len() >= MAX_TOOLS;
+        let id = if full {
+            u16::MAX
+        } else {
+            table.infos.len() as u16
+        };
+        let info = Arc::new(self.describe(id, name));
+        if !full {
+            table.by_name.insert(name.into(), id);
+            table.infos.push(Arc::clone(&info));
+        }
+        info
+    }
+
+    /// A tool by the id it was given.
+    pub fn tool_by_id(&self, id: u16) -> Option<Arc<ToolInfo>> {
+        let table = self.tools.read().unwrap_or_else(|e| e.into_inner());
+        table.infos.get(usize::from(id)).cloned()
+    }
+
+    fn describe(&self, id: u16, name: &str) -> ToolInfo {
+        let c = &self.config;
+        let lookup = if c.fingerprint.case_insensitive_tools {
+            name.to_lowercase()
+        } else {
+            name.to_owned()
+        };
+        let category = c
+            .category_of(&lookup)
+            .and_then(|cat| c.categories.iter().position(|x| std::ptr::eq(x, cat)));
+        let known_tools = &self.detectors(category).unknown_tool.known_tools;
+        ToolInfo {
+            id,
+            name: name.into(),
+            category,
+            keys: self.fingerprint.tool_keys(c, name),
+            known: known_tools.is_empty() || known_tools.iter().any(|g| g.is_match(&lookup)),
+        }
+    }
+
+    /// The ladder for a detector of a category: the detector's, else the category's, else the
+    /// policy's. Returns the ladder's name too.
+    pub fn ladder<'a>(
+        &'a self,
+        category: Option<usize>,
+        detector_ladder: Option<&'a str>,
+    ) -> (&'a str, Option<&'a Ladder>) {
+        let cat = category.and_then(|i| self.config.categories.get(i));
+        let name = detector_ladder
+            .or_else(|| cat.and_then(|c| c.ladder.as_deref()))
+            .unwrap_or(self.config.ladder.as_str());
+        match self.config.ladders.get(name) {
+            Some(l) => (name, Some(l)),
+            None => {
+                let fallback = self.config.ladder.as_str();
+                (fallback, self.config.ladders.get(fallback))
+            }
+        }
+    }
+}

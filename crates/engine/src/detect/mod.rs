@@ -1,0 +1,261 @@
+//! The built-in detectors. Each reads only the session's bounded window of call records (or, for
+//! text, a few digests of recent turns) and returns at most one [`Detection`].
+
+pub mod calls;
+pub mod results;
+pub mod text;
+
+/// The built-in detectors, in the order of `loopguard_rules::schema::DETECTOR_NAMES`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Det {
+    ExactRepeat = 0,
+    FuzzyRepeat,
+    Cycle,
+    Interleaved,
+    NoProgress,
+    SameOutcome,
+    ErrorCascade,
+    TestFix,
+    Monologue,
+    TextRepeat,
+    Chanting,
+    UnknownTool,
+}
+
+impl Det {
+    pub fn name(self) -> &'static str {
+        match self {
+            Det::ExactRepeat => "exact_repeat",
+            Det::FuzzyRepeat => "fuzzy_repeat",
+            Det::Cycle => "cycle",
+            Det::Interleaved => "interleaved",
+            Det::NoProgress => "no_progress",
+            Det::SameOutcome => "same_outcome",
+            Det::ErrorCascade => "error_cascade",
+            Det::TestFix => "test_fix",
+            Det::Monologue => "monologue",
+            Det::TextRepeat => "text_repeat",
+            Det::Chanting => "chanting",
+            Det::UnknownTool => "unknown_tool",
+        }
+    }
+
+    /// A short description used for the `{pattern}` placeholder.
+    pub fn pattern(self) -> &'static str {
+        match self {
+            Det::ExactRepeat => "the same call",
+            Det::FuzzyRepeat => "nearly the same call",
+            Det::Cycle => "a cycle of calls",
+            Det::Interleaved => "the same failing call between other calls",
+            Det::NoProgress => "the same call with the same result",
+            Det::SameOutcome => "different calls with the same outcome",
+            Det::ErrorCascade => "one tool failing again and again",
+            Det::TestFix => "failing test runs",
+            Det::Monologue => "turns without a tool call",
+            Det::TextRepeat => "the same text",
+            Det::Chanting => "a repeated sentence or paragraph",
+            Det::UnknownTool => "a tool that does not exist",
+        }
+    }
+
+    /// Tag mixed into loop keys so loops of different kinds never share a counter (the
+    /// exact-key detectors share one on purpose).
+    pub fn loop_tag(self) -> u64 {
+        match self {
+            Det::ExactRepeat | Det::NoProgress | Det::Interleaved => 0,
+            other => 0x9e37_79b9_7f4a_7c15 ^ (other as u64 + 1),
+        }
+    }
+}
+
+/// Record flags.
+pub mod flag {
+    pub const RESULT: u16 = 1;
+    pub const ERROR: u16 = 1 << 1;
+    pub const EMPTY: u16 = 1 << 2;
+    pub const RETRYABLE: u16 = 1 << 3;
+    /// Refused by the engine: it never ran, no result will come.
+    pub const BLOCKED: u16 = 1 << 4;
+    pub const WAIT: u16 = 1 << 5;
+    pub const TEST: u16 = 1 << 6;
+    pub const FILE_OP: u16 = 1 << 7;
+    pub const SHELL: u16 = 1 << 8;
+}
+
+/// One call in the window: 32 bytes. Its seq is implied by its position in the ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    pub exact: u64,
+    pub fuzzy: u64,
+    /// Hash of the host's call id.
+    pub call: u32,
+    /// The normalized result's digest (32 bits suffice within one window), once it arrived.
+    pub digest: u32,
+    /// Event time in ms since the session's first event (saturating).
+    pub time: u32,
+    pub tool: u16,
+    pub flags: u16,
+}
+
+impl Record {
+    pub fn has(&self, f: u16) -> bool {
+        self.flags & f != 0
+    }
+
+    /// A result that was produced by running the call (not refused, not retryable).
+    pub fn real_result(&self) -> bool {
+        self.has(flag::RESULT) && !self.has(flag::BLOCKED) && !self.has(flag::RETRYABLE)
+    }
+
+    pub fn failed(&self) -> bool {
+        self.real_result() && self.has(flag::ERROR)
+    }
+}
+
+/// The live part of a session's ring buffer, newest first.
+#[derive(Clone, Copy, Debug)]
+pub struct Window<'a> {
+    pub(crate) buf: &'a [Record],
+    pub(crate) start: usize,
+    pub(crate) filled: usize,
+    /// Live records: the newest `live` of `filled` (older ones expired by TTL).
+    pub(crate) live: usize,
+    /// Seq of the newest record.
+    pub(crate) newest_seq: u32,
+}
+
+impl<'a> Window<'a> {
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// The k-th newest live record (0 = newest).
+    pub fn get(&self, k: usize) -> Option<&'a Record> {
+        if k >= self.live {
+            return None;
+        }
+        let cap = self.buf.len();
+        let mut i = self.start + self.filled - 1 - k;
+        if i >= cap {
+            i -= cap;
+        }
+        self.buf.get(i)
+    }
+
+    /// Seq of the k-th newest record.
+    pub fn seq(&self, k: usize) -> u32 {
+        self.newest_seq.wrapping_sub(k as u32)
+    }
+
+    /// Live records, newest first.
+    pub fn iter(&self) -> impl Iterator<Item = &'a Record> + 'a {
+        let cap = self.buf.len();
+        let end = self.start + self.filled;
+        let (older, newer): (&'a [Record], &'a [Record]) = if end <= cap {
+            (self.buf.get(self.start..end).unwrap_or_default(), &[])
+        } else {
+            (
+                self.buf.get(self.start..).unwrap_or_default(),
+                self.buf.get(..end - cap).unwrap_or_default(),
+            )
+        };
+        newer.iter().rev().chain(older.iter().rev()).take(self.live)
+    }
+}
+
+/// Which calls of the window a detection involves (with seq ≥ its start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Involved {
+    None,
+    Exact(u64),
+    Fuzzy(u64),
+    All,
+    Tool(u16),
+    Test,
+    Digest(u32),
+}
+
+impl Involved {
+    pub fn matches(&self, r: &Record) -> bool {
+        match *self {
+            Involved::None => false,
+            Involved::Exact(k) => r.exact == k,
+            Involved::Fuzzy(k) => r.fuzzy == k,
+            Involved::All => true,
+            Involved::Tool(t) => r.tool == t,
+            Involved::Test => r.has(flag::TEST),
+            Involved::Digest(d) => r.real_result() && r.digest == d,
+        }
+    }
+}
+
+/// What a detector found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Detection {
+    pub det: Det,
+    /// Identifies the loop across events (before the detector tag is mixed in).
+    pub key: u64,
+    pub count: u32,
+    pub threshold: u32,
+    /// The tool the loop is about, if any.
+    pub tool: Option<u16>,
+    pub involved: Involved,
+    /// Seq of the first call of the loop (0: none).
+    pub start_seq: u32,
+    /// Shell file operations failing: point the model at the file tools.
+    pub file_tools_hint: bool,
+}
+
+impl Detection {
+    pub fn new(det: Det, key: u64, count: u32, threshold: u32) -> Detection {
+        Detection {
+            det,
+            key,
+            count,
+            threshold,
+            tool: None,
+            involved: Involved::None,
+            start_seq: 0,
+            file_tools_hint: false,
+        }
+    }
+
+    /// The key of the loop's escalation counter.
+    pub fn loop_key(&self) -> u64 {
+        match self.det.loop_tag() {
+            0 => self.key,
+            t => crate::hash::combine(self.key, t),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_schema_order() {
+        let all = [
+            Det::ExactRepeat,
+            Det::FuzzyRepeat,
+            Det::Cycle,
+            Det::Interleaved,
+            Det::NoProgress,
+            Det::SameOutcome,
+            Det::ErrorCascade,
+            Det::TestFix,
+            Det::Monologue,
+            Det::TextRepeat,
+            Det::Chanting,
+            Det::UnknownTool,
+        ];
+        let names: Vec<&str> = all.iter().map(|d| d.name()).collect();
+        assert_eq!(names, loopguard_rules::schema::DETECTOR_NAMES);
+        assert_eq!(std::mem::size_of::<Record>(), 32);
+    }
+}

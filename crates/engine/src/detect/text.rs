@@ -1,0 +1,381 @@
+//! Detectors on assistant text: monologue (turns without a tool call), text_repeat (the same
+//! turn again) and chanting (a unit repeated within one message, found while it streams).
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use loopguard_rules::config::Chanting;
+
+use crate::hash::StreamHasher;
+
+/// Digests of the most recent turns kept per session.
+pub const TURNS: usize = 8;
+
+/// A whole turn's normalized text (whitespace collapsed, case folded), hashed while it streams.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TurnText {
+    h: StreamHasher,
+    chars: u32,
+    space: bool,
+}
+
+impl TurnText {
+    pub fn feed(&mut self, s: &str) {
+        for ch in s.chars() {
+            if ch.is_whitespace() {
+                self.space = self.chars > 0;
+                continue;
+            }
+            if self.space {
+                self.h.byte(b' ');
+                self.chars = self.chars.saturating_add(1);
+                self.space = false;
+            }
+            let mut b = [0u8; 4];
+            for lc in ch.to_lowercase() {
+                self.h.bytes(lc.encode_utf8(&mut b).as_bytes());
+            }
+            self.chars = self.chars.saturating_add(1);
+        }
+    }
+
+    /// The turn's digest and length in characters; starts a new turn.
+    pub fn take(&mut self) -> (u64, u32) {
+        let out = (self.h.finish(), self.chars);
+        *self = TurnText::default();
+        out
+    }
+}
+
+type Counts = HashMap<u64, u32, BuildHasherDefault<StreamHasher>>;
+
+/// Per-message state of the chanting detector. Complete lines are processed once, as they
+/// arrive; only the unfinished line is buffered.
+#[derive(Debug, Default)]
+pub struct Chant {
+    line: String,
+    scanned: usize,
+    fence: bool,
+    para: StreamHasher,
+    para_chars: usize,
+    para_lines: u32,
+    /// Within the unfinished line: sentences up to here were counted, bytes up to `scan` scanned.
+    sent_pos: usize,
+    scan: usize,
+    sentences: u32,
+    counts: Counts,
+    best: (u64, u32),
+    fired: bool,
+}
+
+const SENTENCE: u8 = b'S';
+const LINE: u8 = b'L';
+const PARA: u8 = b'P';
+
+fn is_list_item(t: &str) -> bool {
+    if t.starts_with("- ") || t.starts_with("* ") || t.starts_with("+ ") {
+        return true;
+    }
+    let n = t.bytes().take_while(u8::is_ascii_digit).count();
+    n > 0 && (t[n..].starts_with(". ") || t[n..].starts_with(") "))
+}
+
+fn unit_hash(tag: u8, s: &str) -> u64 {
+    let mut h = StreamHasher::new();
+    h.byte(tag);
+    for (i, w) in s.split_whitespace().enumerate() {
+        if i > 0 {
+            h.byte(b' ');
+        }
+        h.bytes(w.as_bytes());
+    }
+    h.finish()
+}
+
+impl Chant {
+    /// Feeds a chunk; returns (unit digest, count) the first time a unit reaches the threshold.
+    pub fn feed(&mut self, text: &str, p: &Chanting) -> Option<(u64, u32)> {
+        let room = (p.max_message_chars as usize).saturating_sub(self.scanned);
+        let mut take = text.len().min(room);
+        while !text.is_char_boundary(take) {
+            take -= 1;
+        }
+        self.scanned += take;
+        let mut rest = &text[..take];
+        while let Some(nl) = rest.find('\n') {
+            let seg = &rest[..nl];
+            if self.line.is_empty() {
+                self.line_done(seg, p);
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.push_str(seg);
+                self.line_done(&line, p);
+                line.clear();
+                self.line = line;
+            }
+            rest = &rest[nl + 1..];
+        }
+        self.line.push_str(rest);
+        self.partial_sentences(p);
+        self.report(p)
+    }
+
+    /// Counts the finished sentences of the unfinished line, so a sentence chanted on one
+    /// endless line is caught while it streams.
+    fn partial_sentences(&mut self, p: &Chanting) {
+        let t = self.line.trim_start();
+        if self.fence || t.len() < 3 || Self::skipped(&self.line, t) {
+            return;
+        }
+        let line = std::mem::take(&mut self.line);
+        let b = line.as_bytes();
+        let mut from = self.sent_pos;
+        for i in self.scan.max(from)..b.len().saturating_sub(1) {
+            if matches!(b[i], b'.' | b'!' | b'?') && b[i + 1].is_ascii_whitespace() {
+                let s = line[from..=i].trim();
+                if Self::fits(s, p) {
+                    self.count(unit_hash(SENTENCE, s));
+                }
+                self.sentences += 1;
+                from = i + 1;
+            }
+        }
+        self.sent_pos = from;
+        self.scan = b.len().saturating_sub(1);
+        self.line = line;
+    }
+
+    /// Lines that are never counted: fences, tables, headings, list items, indented code.
+    fn skipped(line: &str, t: &str) -> bool {
+        t.starts_with("```")
+            || t.starts_with("~~~")
+            || t.starts_with('|')
+            || t.starts_with('#')
+            || is_list_item(t)
+            || line.starts_with("    ")
+            || line.starts_with('\t')
+    }
+
+    /// Ends the message: the unfinished line and paragraph are counted, then the state resets.
+    pub fn end(&mut self, p: &Chanting) -> Option<(u64, u32)> {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line, p);
+            self.line = line;
+        }
+        self.para_done(p);
+        let found = self.report(p);
+        self.line.clear();
+        if self.line.capacity() > 4096 {
+            self.line = String::new();
+        }
+        self.counts.clear();
+        if self.counts.capacity() > 1024 {
+            self.counts = Counts::default();
+        }
+        self.scanned = 0;
+        self.sent_pos = 0;
+        self.scan = 0;
+        self.sentences = 0;
+        self.fence = false;
+        self.best = (0, 0);
+        self.fired = false;
+        found
+    }
+
+    fn report(&mut self, p: &Chanting) -> Option<(u64, u32)> {
+        if !self.fired && self.best.1 >= p.threshold {
+            self.fired = true;
+            return Some(self.best);
+        }
+        None
+    }
+
+    fn count(&mut self, key: u64) {
+        let c = self.counts.entry(key).or_insert(0);
+        *c += 1;
+        if *c > self.best.1 {
+            self.best = (key, *c);
+        }
+    }
+
+    fn fits(s: &str, p: &Chanting) -> bool {
+        let n = s.chars().count();
+        n >= p.min_unit_chars as usize && n <= p.max_unit_chars as usize
+    }
+
+    fn line_done(&mut self, line: &str, p: &Chanting) {
+        let from = std::mem::take(&mut self.sent_pos);
+        let counted = std::mem::take(&mut self.sentences);
+        self.scan = 0;
+        let t = line.trim();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            self.fence = !self.fence;
+            self.para_done(p);
+            return;
+        }
+        if self.fence || line.starts_with("    ") || line.starts_with('\t') {
+            return;
+        }
+        if t.is_empty() || t.starts_with('|') || t.starts_with('#') || is_list_item(t) {
+            self.para_done(p);
+            return;
+        }
+        let mut sentences = counted;
+        let mut from = from;
+        let b = line.as_bytes();
+        let first = from;
+        for i in first..b.len() {
+            let end = matches!(b[i], b'.' | b'!' | b'?')
+                && b.get(i + 1).is_none_or(|c| c.is_ascii_whitespace());
+            if end {
+                let s = line[from..=i].trim();
+                if Self::fits(s, p) {
+                    self.count(unit_hash(SENTENCE, s));
+                }
+                sentences += 1;
+                from = i + 1;
+            }
+        }
+        let tail = line[from..].trim();
+        if !tail.is_empty() {
+            if Self::fits(tail, p) {
+                self.count(unit_hash(SENTENCE, tail));
+            }
+            sentences += 1;
+        }
+        if sentences > 1 && Self::fits(t, p) {
+            self.count(unit_hash(LINE, t));
+        }
+        if self.para_lines > 0 {
+            self.para.byte(b' ');
+        }
+        for (i, w) in t.split_whitespace().enumerate() {
+            if i > 0 {
+                self.para.byte(b' ');
+            }
+            self.para.bytes(w.as_bytes());
+        }
+        self.para_chars += t.chars().count();
+        self.para_lines += 1;
+    }
+
+    fn para_done(&mut self, p: &Chanting) {
+        if self.para_lines > 1
+            && self.para_chars >= p.min_unit_chars as usize
+            && self.para_chars <= p.max_unit_chars as usize
+        {
+            let mut h = self.para;
+            h.byte(PARA);
+            let key = h.finish();
+            self.count(key);
+        }
+        self.para = StreamHasher::new();
+        self.para_chars = 0;
+        self.para_lines = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Chanting {
+        Chanting {
+            enabled: true,
+            ladder: None,
+            threshold: 5,
+            min_unit_chars: 16,
+            max_unit_chars: 2000,
+            max_message_chars: 200_000,
+        }
+    }
+
+    fn run(text: &str, chunk: usize) -> Option<(u64, u32)> {
+        let p = params();
+        let mut c = Chant::default();
+        let mut found = None;
+        let mut i = 0;
+        while i < text.len() {
+            let mut j = (i + chunk).min(text.len());
+            while !text.is_char_boundary(j) {
+                j += 1;
+            }
+            found = found.or(c.feed(&text[i..j], &p));
+            i = j;
+        }
+        found.or(c.end(&p))
+    }
+
+    #[test]
+    fn short_sentence_chanted() {
+        let text = "I will fix the bug now. ".repeat(6);
+        assert!(run(&text, 7).is_some());
+        assert!(run(&text, 1000).is_some());
+        assert!(run(&"I will fix the bug now.\n".repeat(6), 3).is_some());
+    }
+
+    #[test]
+    fn long_paragraph_repeated() {
+        let para = "Let me think about this problem carefully again because the answer \
+                    depends on it, and each of these lines is part of one long paragraph\n\
+                    which continues on a second line without any final punctuation mark \
+                    and goes on for a while longer so that it is well over two hundred\n\n";
+        assert!(para.len() > 200);
+        assert!(run(&para.repeat(5), 13).is_some());
+        assert!(run(&para.repeat(4), 13).is_none());
+    }
+
+    #[test]
+    fn markdown_is_not_chanting() {
+        let mut text = String::from("Here is the table:\n\n| name | value |\n|---|---|\n");
+        for _ in 0..10 {
+            text.push_str("| some repeated cell | same value here |\n");
+        }
+        for _ in 0..10 {
+            text.push_str("- the same list item text again\n");
+        }
+        text.push_str("```\n");
+        for _ in 0..10 {
+            text.push_str("assert_eq!(value, expected_value);\n");
+        }
+        text.push_str("```\n");
+        for _ in 0..10 {
+            text.push_str("## A repeated heading title\n");
+        }
+        for _ in 0..10 {
+            text.push_str("    let indented = code_line();\n");
+        }
+        assert_eq!(run(&text, 11), None);
+    }
+
+    #[test]
+    fn scanning_stops_at_max_message_chars() {
+        let p = Chanting {
+            max_message_chars: 60,
+            ..params()
+        };
+        let mut c = Chant::default();
+        let text = "I will fix the bug now. ".repeat(10);
+        assert_eq!(c.feed(&text, &p), None);
+        assert_eq!(c.end(&p), None);
+    }
+
+    proptest::proptest! {
+        /// No text, however chunked, makes the chanting detector panic.
+        #[test]
+        fn chanting_never_panics(s in "[ -~\\né€😀|#`*-]{0,200}", chunk in 1usize..17) {
+            let _ = run(&s, chunk);
+        }
+    }
+
+    #[test]
+    fn turn_text_normalizes() {
+        let mut a = TurnText::default();
+        a.feed("Hello   World");
+        let mut b = TurnText::default();
+        b.feed("  hello ");
+        b.feed("world\n");
+        assert_eq!(a.take().0, b.take().0);
+    }
+}

@@ -1,0 +1,254 @@
+//! Escalation: a detection becomes an action through a ladder.
+//!
+//! Each loop (identified by its loop key) keeps how many times it was detected; the ladder step
+//! is chosen by that count and by how often the session was flagged before. A loop is escalated
+//! at most once per call (or text turn), so a call flagged by `exact_repeat` is not escalated
+//! again when its result arrives and `no_progress` sees the same loop.
+
+use std::fmt::Write;
+
+use loopguard_rules::{Action, Detectors, Ladder, Step};
+
+use crate::compiled::CompiledRules;
+use crate::detect::{Det, Detection};
+
+/// Loops remembered per session; the least recently escalated is forgotten first.
+const MAX_LOOPS: usize = 32;
+
+#[derive(Clone, Copy, Debug)]
+struct LoopEntry {
+    key: u64,
+    repeat: u32,
+    occasion: u64,
+}
+
+/// Per-loop detection counters of one session.
+#[derive(Clone, Debug, Default)]
+pub struct Loops {
+    entries: Vec<LoopEntry>,
+}
+
+impl Loops {
+    /// The repeat number the loop would get now; `None` when it was already escalated on this
+    /// occasion.
+    pub fn prospective(&self, key: u64, occasion: u64) -> Option<u32> {
+        match self.entries.iter().find(|e| e.key == key) {
+            Some(e) if e.occasion == occasion => None,
+            Some(e) => Some(e.repeat.saturating_add(1)),
+            None => Some(1),
+        }
+    }
+
+    /// Counts a detection of the loop; returns its repeat number.
+    pub fn commit(&mut self, key: u64, occasion: u64) -> u32 {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.key == key) {
+            if e.occasion != occasion {
+                e.repeat = e.repeat.saturating_add(1);
+                e.occasion = occasion;
+            }
+            return e.repeat;
+        }
+        if self.entries.len() >= MAX_LOOPS
+            && let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].occasion)
+        {
+            self.entries.swap_remove(oldest);
+        }
+        self.entries.push(LoopEntry {
+            key,
+            repeat: 1,
+            occasion,
+        });
+        1
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    pub fn capacity_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<LoopEntry>()
+    }
+}
+
+/// The detector's own ladder choice.
+pub fn detector_ladder(d: &Detectors, det: Det) -> Option<&str> {
+    match det {
+        Det::ExactRepeat => d.exact_repeat.ladder.as_deref(),
+        Det::FuzzyRepeat => d.fuzzy_repeat.ladder.as_deref(),
+        Det::Cycle => d.cycle.ladder.as_deref(),
+        Det::Interleaved => d.interleaved.ladder.as_deref(),
+        Det::NoProgress => d.no_progress.ladder.as_deref(),
+        Det::SameOutcome => d.same_outcome.ladder.as_deref(),
+        Det::ErrorCascade => d.error_cascade.ladder.as_deref(),
+        Det::TestFix => d.test_fix.ladder.as_deref(),
+        Det::Monologue => d.monologue.ladder.as_deref(),
+        Det::TextRepeat => d.text_repeat.ladder.as_deref(),
+        Det::Chanting => d.chanting.ladder.as_deref(),
+        Det::UnknownTool => d.unknown_tool.ladder.as_deref(),
+    }
+}
+
+/// A detection with the ladder step it would take.
+#[derive(Clone, Copy, Debug)]
+pub struct Decision<'r> {
+    pub detection: Detection,
+    pub repeat: u32,
+    pub action: Action,
+    pub ladder: &'r str,
+    pub step: Option<(usize, &'r Step)>,
+}
+
+/// What the ladder says about a detection, without counting it.
+pub fn decide<'r>(
+    rules: &'r CompiledRules,
+    loops: &Loops,
+    flags: u32,
+    d: &Detection,
+    category: Option<usize>,
+    occasion: u64,
+) -> Option<Decision<'r>> {
+    let repeat = loops.prospective(d.loop_key(), occasion)?;
+    let own = detector_ladder(rules.detectors(category), d.det);
+    let (name, ladder) = rules.ladder(category, own);
+    let step = ladder.and_then(|l: &Ladder| {
+        let s = l.step(repeat, flags)?;
+        let i = l.steps.iter().position(|x| std::ptr::eq(x, s))?;
+        Some((i, s))
+    });
+    Some(Decision {
+        detection: *d,
+        repeat,
+        action: step.map_or(Action::Allow, |(_, s)| s.action),
+        ladder: name,
+        step,
+    })
+}
+
+/// Values for a message template's placeholders.
+#[derive(Debug)]
+pub struct Vars<'a> {
+    pub tool: &'a str,
+    pub count: u32,
+    pub detector: &'a str,
+    pub rule: &'a str,
+    pub pattern: &'a str,
+    pub category: &'a str,
+    pub threshold: u32,
+    pub window: usize,
+    pub file: &'a str,
+    pub flags: u32,
+    pub action: &'a str,
+}
+
+/// The message used when a ladder step has none.
+pub fn default_message(action: Action) -> &'static str {
+    match action {
+        Action::Allow => "",
+        Action::Warn => {
+            "{tool} was repeated {count} times ({detector}). Stop repeating it: change the arguments, try a different tool, or explain what is blocking you."
+        }
+        Action::Ask => {
+            "{tool} was repeated {count} times ({detector}). Ask the user whether to continue."
+        }
+        Action::Block => {
+            "Refused: {tool} was repeated {count} times ({detector}). The call was not run. Change your approach."
+        }
+        Action::Terminate => {
+            "Stopped: the agent kept looping on {tool} ({detector}, {count} times)."
+        }
+    }
+}
+
+/// Renders a template: `{name}` placeholders are replaced, `{{` and `}}` are literal braces,
+/// unknown placeholders are kept as written.
+pub fn render(template: &str, v: &Vars<'_>) -> String {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(i) = rest.find(['{', '}']) {
+        out.push_str(&rest[..i]);
+        let r = &rest[i..];
+        if r.starts_with("{{") || r.starts_with("}}") {
+            out.push_str(&r[..1]);
+            rest = &r[2..];
+            continue;
+        }
+        if r.starts_with('{')
+            && let Some(end) = r.find('}')
+            && placeholder(&mut out, &r[1..end], v)
+        {
+            rest = &r[end + 1..];
+            continue;
+        }
+        out.push_str(&r[..1]);
+        rest = &r[1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn placeholder(out: &mut String, name: &str, v: &Vars<'_>) -> bool {
+    let _ = match name {
+        "tool" => out.write_str(v.tool),
+        "count" => write!(out, "{}", v.count),
+        "detector" => out.write_str(v.detector),
+        "rule" => out.write_str(v.rule),
+        "pattern" => out.write_str(v.pattern),
+        "category" => out.write_str(v.category),
+        "threshold" => write!(out, "{}", v.threshold),
+        "window" => write!(out, "{}", v.window),
+        "file" => out.write_str(v.file),
+        "flags" => write!(out, "{}", v.flags),
+        "action" => out.write_str(v.action),
+        _ => return false,
+    };
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> Vars<'static> {
+        Vars {
+            tool: "bash",
+            count: 3,
+            detector: "exact_repeat",
+            rule: "ladders.default[0]",
+            pattern: "p",
+            category: "shell",
+            threshold: 3,
+            window: 30,
+            file: "a.rs",
+            flags: 1,
+            action: "warn",
+        }
+    }
+
+    #[test]
+    fn renders_placeholders() {
+        let s = render(
+            "{tool} x{count} {{literal}} {unknown} {file} {action} {",
+            &vars(),
+        );
+        assert_eq!(s, "bash x3 {literal} {unknown} a.rs warn {");
+        assert_eq!(
+            render(default_message(Action::Block), &vars()).get(..8),
+            Some("Refused:")
+        );
+    }
+
+    #[test]
+    fn loop_counter_counts_once_per_occasion() {
+        let mut l = Loops::default();
+        assert_eq!(l.prospective(7, 1), Some(1));
+        assert_eq!(l.commit(7, 1), 1);
+        assert_eq!(l.prospective(7, 1), None);
+        assert_eq!(l.commit(7, 1), 1);
+        assert_eq!(l.prospective(7, 2), Some(2));
+        assert_eq!(l.commit(7, 2), 2);
+        for k in 0..100 {
+            l.commit(1000 + k, 10 + k);
+        }
+        assert!(l.entries.len() <= MAX_LOOPS);
+    }
+}

@@ -1,0 +1,552 @@
+//! Result normalization: noise (ANSI codes, timestamps, ids, pids, durations, counters, temp
+//! paths) is masked in one hand-written pass, the policy's extra regexes are applied, and what is
+//! left is hashed into a digest. The result is also classified as error, empty or retryable.
+
+use std::cell::RefCell;
+
+use regex::Regex;
+
+use crate::event::ToolResult;
+use crate::hash::StreamHasher;
+
+/// Which built-in maskers are on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Maskers {
+    pub ansi: bool,
+    pub timestamps: bool,
+    pub uuids: bool,
+    pub hex_ids: bool,
+    pub pids: bool,
+    pub durations: bool,
+    pub counters: bool,
+    pub temp_paths: bool,
+}
+
+/// Result rules compiled from the policy.
+#[derive(Clone, Debug)]
+pub struct ResultRules {
+    pub(crate) maskers: Maskers,
+    pub(crate) patterns: Vec<(Regex, String)>,
+    pub(crate) empty: Vec<Regex>,
+    pub(crate) retryable: Vec<Regex>,
+    pub(crate) max_bytes: usize,
+}
+
+/// A normalized result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub digest: u64,
+    pub error: bool,
+    pub empty: bool,
+    /// Infrastructure trouble (rate limits, 5xx): retrying is not a loop. Only errors are.
+    pub retryable: bool,
+}
+
+thread_local! {
+    static BUF: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+const BUF_KEEP: usize = 1 << 20;
+
+impl ResultRules {
+    pub fn from_config(c: &loopguard_rules::Config) -> ResultRules {
+        let mut m = Maskers::default();
+        for name in &c.results.mask {
+            match name.as_str() {
+                "ansi" => m.ansi = true,
+                "timestamps" => m.timestamps = true,
+                "uuids" => m.uuids = true,
+                "hex_ids" => m.hex_ids = true,
+                "pids" => m.pids = true,
+                "durations" => m.durations = true,
+                "counters" => m.counters = true,
+                "temp_paths" => m.temp_paths = true,
+                _ => {}
+            }
+        }
+        ResultRules {
+            maskers: m,
+            patterns: c
+                .results
+                .patterns
+                .iter()
+                .map(|p| (p.regex.clone(), p.replace.clone()))
+                .collect(),
+            empty: c.results.empty_patterns.clone(),
+            retryable: c.results.retryable_patterns.clone(),
+            max_bytes: c.results.max_bytes.max(1),
+        }
+    }
+
+    /// Normalizes, hashes and classifies a result. Uses a per-thread buffer, so nothing is
+    /// allocated per result in steady state.
+    pub fn outcome(&self, r: &ToolResult<'_>) -> Outcome {
+        BUF.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => {
+                let o = self.outcome_in(r, &mut buf);
+                if buf.capacity() > BUF_KEEP {
+                    *buf = String::new();
+                }
+                o
+            }
+            Err(_) => self.outcome_in(r, &mut String::new()),
+        })
+    }
+
+    fn outcome_in(&self, r: &ToolResult<'_>, buf: &mut String) -> Outcome {
+        buf.clear();
+        let out = r.output;
+        let max = self.max_bytes;
+        if out.len() > 2 * max {
+            let mut head = max;
+            while !out.is_char_boundary(head) {
+                head -= 1;
+            }
+            let mut tail = out.len() - max;
+            while !out.is_char_boundary(tail) {
+                tail += 1;
+            }
+            mask_into(&self.maskers, &out[..head], buf);
+            buf.push_str("\n<…>\n");
+            mask_into(&self.maskers, &out[tail..], buf);
+        } else {
+            mask_into(&self.maskers, out, buf);
+        }
+        for (re, rep) in &self.patterns {
+            if let std::borrow::Cow::Owned(s) = re.replace_all(buf, rep.as_str()) {
+                *buf = s;
+            }
+        }
+        let error = r.is_error || r.exit_code.is_some_and(|c| c != 0);
+        let mut h = StreamHasher::new();
+        h.bytes(buf.trim().as_bytes());
+        Outcome {
+            digest: h.finish(),
+            error,
+            empty: self.empty.iter().any(|re| re.is_match(buf)),
+            retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
+        }
+    }
+}
+
+/// Masks `s` into `out` with the enabled maskers, in one pass.
+pub fn mask(m: &Maskers, s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    mask_into(m, s, &mut out);
+    out
+}
+
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+fn digits(b: &[u8], i: usize) -> usize {
+    b[i.min(b.len())..]
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .count()
+}
+
+fn hexes(b: &[u8], i: usize) -> usize {
+    b[i.min(b.len())..]
+        .iter()
+        .take_while(|c| c.is_ascii_hexdigit())
+        .count()
+}
+
+fn starts_ci(b: &[u8], i: usize, word: &str) -> bool {
+    b.len() >= i + word.len() && b[i..i + word.len()].eq_ignore_ascii_case(word.as_bytes())
+}
+
+fn mask_into(m: &Maskers, s: &str, out: &mut String) {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let mut copied = 0;
+    while i < b.len() {
+        let c = b[i];
+        let boundary = i == 0 || !is_word(b[i - 1]);
+        let matched: Option<(usize, &str)> = if c == 0x1b && m.ansi {
+            Some((ansi_len(b, i), ""))
+        } else if boundary && c.is_ascii_alphanumeric() {
+            word_mask(m, b, i)
+        } else if c == b'(' && m.counters {
+            // (3/10)
+            let n1 = digits(b, i + 1);
+            let n2 = if n1 > 0 && b.get(i + 1 + n1) == Some(&b'/') {
+                digits(b, i + 2 + n1)
+            } else {
+                0
+            };
+            if n2 > 0 && b.get(i + 2 + n1 + n2) == Some(&b')') {
+                Some((3 + n1 + n2, "(<n>/<n>)"))
+            } else {
+                None
+            }
+        } else if c == b'/' && m.temp_paths {
+            temp_len(b, i).map(|n| (n, "/tmp/<tmp>"))
+        } else {
+            None
+        };
+        match matched {
+            Some((n, rep)) if n > 0 => {
+                out.push_str(&s[copied..i]);
+                out.push_str(rep);
+                i += n;
+                while i < b.len() && !s.is_char_boundary(i) {
+                    i += 1;
+                }
+                copied = i;
+            }
+            _ => {
+                // Skip to the next byte that may start a match (keeping char boundaries).
+                i += 1;
+                while i < b.len() && !b[i].is_ascii() {
+                    i += 1;
+                }
+            }
+        }
+    }
+    out.push_str(&s[copied..]);
+}
+
+fn ansi_len(b: &[u8], i: usize) -> usize {
+    match b.get(i + 1) {
+        Some(b'[') => {
+            let mut j = i + 2;
+            while j < b.len() && !(0x40..=0x7e).contains(&b[j]) {
+                j += 1;
+            }
+            (j + 1).min(b.len()) - i
+        }
+        Some(b']') => {
+            let mut j = i + 2;
+            while j < b.len() && b[j] != 0x07 && !(b[j] == 0x1b && b.get(j + 1) == Some(&b'\\')) {
+                j += 1;
+            }
+            if j < b.len() && b[j] == 0x1b {
+                j += 1;
+            }
+            (j + 1).min(b.len()) - i
+        }
+        Some(c) if c.is_ascii() => 2,
+        _ => 1,
+    }
+}
+
+fn temp_len(b: &[u8], i: usize) -> Option<usize> {
+    let prefix = ["/tmp/", "/var/tmp/", "/private/tmp/"]
+        .into_iter()
+        .find(|p| b[i..].starts_with(p.as_bytes()))?;
+    if i > 0 && (is_word(b[i - 1]) || b[i - 1] == b'/' || b[i - 1] == b'.') {
+        return None;
+    }
+    let start = i + prefix.len();
+    let n = b[start..]
+        .iter()
+        .take_while(|&&c| c != b'/' && !c.is_ascii_whitespace() && !b"'\"`:),]".contains(&c))
+        .count();
+    (n > 0).then_some(prefix.len() + n)
+}
+
+/// Maskers that start at a word boundary with an alphanumeric byte.
+fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
+    let end_ok = |j: usize| j >= b.len() || !is_word(b[j]);
+    let c = b[i];
+    if c.is_ascii_digit() {
+        let n = digits(b, i);
+        if m.timestamps
+            && let Some(len) = timestamp_len(b, i, n)
+        {
+            return Some((len, "<ts>"));
+        }
+        if m.uuids && uuid_at(b, i) {
+            return Some((36, "<uuid>"));
+        }
+        if m.counters && starts_ci(b, i + n, " times") && end_ok(i + n + 6) {
+            return Some((n + 6, "<n> times"));
+        }
+        if m.durations
+            && let Some(len) = duration_len(b, i, n)
+        {
+            return Some((len, "<dur>"));
+        }
+    }
+    if m.uuids && c.is_ascii_hexdigit() && uuid_at(b, i) {
+        return Some((36, "<uuid>"));
+    }
+    if m.hex_ids && c.is_ascii_hexdigit() {
+        let mut start = i;
+        if c == b'0' && matches!(b.get(i + 1), Some(b'x' | b'X')) {
+            start = i + 2;
+        }
+        let n = hexes(b, start);
+        if n >= 8 && end_ok(start + n) {
+            return Some((start - i + n, "<hex>"));
+        }
+    }
+    if m.pids && (c == b'p' || c == b'P') && starts_ci(b, i, "pid") {
+        let mut j = i + 3;
+        while j < b.len() && matches!(b[j], b' ' | b':' | b'=' | b'#') {
+            j += 1;
+        }
+        let n = digits(b, j);
+        if n > 0 && j > i + 3 && end_ok(j + n) {
+            return Some((j + n - i, "pid <n>"));
+        }
+    }
+    if m.counters {
+        for (word, rep) in [
+            ("attempt", "attempt <n>"),
+            ("retry", "retry <n>"),
+            ("try", "try <n>"),
+            ("iteration", "iteration <n>"),
+            ("round", "round <n>"),
+        ] {
+            if starts_ci(b, i, word) {
+                let mut j = i + word.len();
+                while j < b.len() && matches!(b[j], b' ' | b'#') {
+                    j += 1;
+                }
+                let n = digits(b, j);
+                if n > 0 && j > i + word.len() && end_ok(j + n) {
+                    return Some((j + n - i, rep));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
+    let d2 = |j: usize| digits(b, j) == 2;
+    // 2024-01-02[T ]12:34:56[.123][Z|+01:00]
+    if n == 4
+        && matches!(b.get(i + 4), Some(b'-' | b'/'))
+        && d2(i + 5)
+        && b.get(i + 7) == b.get(i + 4)
+        && d2(i + 8)
+    {
+        let mut j = i + 10;
+        if matches!(b.get(j), Some(b'T' | b' '))
+            && digits(b, j + 1) == 2
+            && b.get(j + 3) == Some(&b':')
+        {
+            j = time_end(b, j + 1);
+        }
+        return Some(j - i);
+    }
+    // 12:34:56[.123]
+    if (1..=2).contains(&n)
+        && b.get(i + n) == Some(&b':')
+        && d2(i + n + 1)
+        && b.get(i + n + 3) == Some(&b':')
+    {
+        return Some(time_end(b, i) - i);
+    }
+    None
+}
+
+/// End of `hh:mm[:ss[.frac]][Z|±hh[:]mm]` starting at `j`.
+fn time_end(b: &[u8], j: usize) -> usize {
+    let mut j = j + digits(b, j);
+    while b.get(j) == Some(&b':') && digits(b, j + 1) == 2 {
+        j += 3;
+    }
+    if matches!(b.get(j), Some(b'.' | b',')) && digits(b, j + 1) > 0 {
+        j += 1 + digits(b, j + 1);
+    }
+    match b.get(j) {
+        Some(b'Z') => j + 1,
+        Some(b'+' | b'-') if digits(b, j + 1) == 2 => {
+            let mut k = j + 3;
+            if b.get(k) == Some(&b':') {
+                k += 1;
+            }
+            if digits(b, k) == 2 { k + 2 } else { j + 3 }
+        }
+        _ => j,
+    }
+}
+
+fn uuid_at(b: &[u8], i: usize) -> bool {
+    if b.len() < i + 36 {
+        return false;
+    }
+    let groups = [8, 4, 4, 4, 12];
+    let mut j = i;
+    for (g, &len) in groups.iter().enumerate() {
+        if hexes(b, j) < len || (len == 12 && hexes(b, j) != 12) {
+            return false;
+        }
+        j += len;
+        if g < 4 {
+            if b.get(j) != Some(&b'-') {
+                return false;
+            }
+            j += 1;
+        }
+    }
+    j >= b.len() || !is_word(b[j])
+}
+
+fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
+    let mut j = i + n;
+    if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
+        j += 1 + digits(b, j + 1);
+    }
+    let end_ok = |k: usize| k >= b.len() || !is_word(b[k]);
+    // Units that may follow directly; long units may also follow one space.
+    const TIGHT: &[&str] = &[
+        "ms", "us", "µs", "ns", "s", "m", "h", "sec", "secs", "min", "mins",
+    ];
+    const SPACED: &[&str] = &[
+        "ms",
+        "sec",
+        "secs",
+        "second",
+        "seconds",
+        "min",
+        "mins",
+        "minute",
+        "minutes",
+        "milliseconds",
+    ];
+    let mut best = None;
+    for u in TIGHT {
+        if b[j..].starts_with(u.as_bytes()) && end_ok(j + u.len()) {
+            best = best.max(Some(j + u.len()));
+        }
+    }
+    if b.get(j) == Some(&b' ') {
+        for u in SPACED {
+            if b[j + 1..].starts_with(u.as_bytes()) && end_ok(j + 1 + u.len()) {
+                best = best.max(Some(j + 1 + u.len()));
+            }
+        }
+    }
+    best.map(|e| e - i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Maskers {
+        Maskers {
+            ansi: true,
+            timestamps: true,
+            uuids: true,
+            hex_ids: true,
+            pids: true,
+            durations: true,
+            counters: true,
+            temp_paths: true,
+        }
+    }
+
+    #[test]
+    fn masks_noise() {
+        let m = all();
+        let cases = [
+            ("\x1b[31merror\x1b[0m: x", "error: x"),
+            ("at 2024-05-01T12:34:56.123Z done", "at <ts> done"),
+            ("at 2024-05-01 12:34:56+02:00 done", "at <ts> done"),
+            ("time 09:15:01 ok", "time <ts> ok"),
+            ("id 123e4567-e89b-12d3-a456-426614174000.", "id <uuid>."),
+            ("commit deadbeef42 ok", "commit <hex> ok"),
+            ("started pid 1234, PID: 99", "started pid <n>, pid <n>"),
+            (
+                "took 12.3s and 45ms, 3 seconds",
+                "took <dur> and <dur>, <dur>",
+            ),
+            (
+                "read 5 times (3/10) attempt 2",
+                "read <n> times (<n>/<n>) attempt <n>",
+            ),
+            ("wrote /tmp/xyz123/out.txt", "wrote /tmp/<tmp>/out.txt"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(mask(&m, input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn keeps_meaning() {
+        let m = all();
+        for s in [
+            "error[E0425]: cannot find value `x` in this scope",
+            "HTTP 503 Service Unavailable",
+            "line 42: unexpected token",
+            "héllo wörld — ünïcode 12",
+            "facade accepted",
+        ] {
+            assert_eq!(mask(&m, s), s);
+        }
+    }
+
+    #[test]
+    fn classification() {
+        let loaded = loopguard_rules::Policy::builtin_default();
+        let c = loaded.policy.unwrap().resolve(None, None);
+        let r = ResultRules::from_config(&c);
+        let res = |output: &'static str, is_error: bool, exit_code: Option<i32>| ToolResult {
+            session: "s",
+            call_id: "c",
+            output,
+            is_error,
+            exit_code,
+            time_ms: 0,
+        };
+        let a = r.outcome(&res("done in 12ms at 2024-01-01T00:00:00Z", false, None));
+        let b = r.outcome(&res("done in 99ms at 2025-02-02T10:00:00Z", false, None));
+        assert_eq!(a.digest, b.digest);
+        assert!(!a.error && !a.empty && !a.retryable);
+        assert!(r.outcome(&res("  \n", false, None)).empty);
+        assert!(r.outcome(&res("No matches found.", false, None)).empty);
+        assert!(r.outcome(&res("x", false, Some(2))).error);
+        assert!(!r.outcome(&res("x", false, Some(0))).error);
+        let rl = r.outcome(&res("HTTP 429 Too Many Requests", true, None));
+        assert!(rl.error && rl.retryable);
+        // A successful output that mentions 500 is not retryable.
+        assert!(!r.outcome(&res("total 500", false, None)).retryable);
+    }
+
+    /// An ESC followed by a multi-byte character made the masker slice inside the character.
+    #[test]
+    fn escape_before_multibyte_char() {
+        assert_eq!(mask(&all(), "\x1bü ok"), "ü ok");
+    }
+
+    proptest::proptest! {
+        /// No input makes the masker panic or split a character.
+        #[test]
+        fn masking_never_panics(s in "[ -~\\x1b\\néü€😀0-9a-f:/().-]{0,80}") {
+            let out = mask(&all(), &s);
+            proptest::prop_assert!(out.len() <= s.len() + 16 * s.len().max(1));
+        }
+    }
+
+    #[test]
+    fn long_results_hash_only_the_ends() {
+        let loaded = loopguard_rules::Policy::load_text(
+            std::path::Path::new("t.yaml"),
+            "version: 1\nresults: { max_bytes: 256 }\n".to_owned(),
+        );
+        let c = loaded.policy.unwrap().resolve(None, None);
+        let r = ResultRules::from_config(&c);
+        let mk = |mid: &str| format!("{}{}{}", "a".repeat(300), mid, "b".repeat(300));
+        let (x, y) = (mk("middle one"), mk("middle two"));
+        let res = |s: &str| {
+            r.outcome(&ToolResult {
+                session: "s",
+                call_id: "c",
+                output: s,
+                is_error: false,
+                exit_code: None,
+                time_ms: 0,
+            })
+        };
+        assert_eq!(res(&x).digest, res(&y).digest);
+        assert_ne!(res(&x).digest, res("short").digest);
+    }
+}

@@ -1,0 +1,821 @@
+//! Scenario tests: events in, verdicts out, through the public API.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use loopguard_rules::{Config, Policy};
+use serde_json::{Value, json};
+
+use crate::{Action, Arguments, Call, Engine, Event, Text, ToolResult, UserMessage, Verdict};
+
+fn default_config() -> Config {
+    static C: OnceLock<Config> = OnceLock::new();
+    C.get_or_init(|| {
+        Policy::builtin_default()
+            .policy
+            .unwrap()
+            .resolve(None, None)
+    })
+    .clone()
+}
+
+fn config(yaml: &str) -> Config {
+    let loaded = Policy::load_text(Path::new("t.yaml"), yaml.to_owned());
+    assert!(!loaded.has_errors(), "{:?}", loaded.diagnostics);
+    loaded.policy.unwrap().resolve(None, None)
+}
+
+/// Drives one session of an engine with a clock.
+struct H {
+    engine: Engine,
+    session: String,
+    t: u64,
+    n: u32,
+}
+
+impl H {
+    fn new(config: Config) -> H {
+        H {
+            engine: Engine::new(config),
+            session: "s".into(),
+            t: 1_000,
+            n: 0,
+        }
+    }
+
+    fn default() -> H {
+        H::new(default_config())
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.t += 1_000;
+        self.t
+    }
+
+    fn call(&mut self, tool: &str, args: Value) -> (Verdict, String) {
+        self.n += 1;
+        let id = format!("call_{}", self.n);
+        let time_ms = self.tick();
+        let v = self.engine.observe(&Event::Call(Call {
+            session: &self.session,
+            call_id: &id,
+            tool,
+            arguments: Arguments::Json(&args),
+            time_ms,
+        }));
+        (v, id)
+    }
+
+    fn result(&mut self, id: &str, output: &str, is_error: bool) -> Verdict {
+        let time_ms = self.tick();
+        self.engine.observe(&Event::Result(ToolResult {
+            session: &self.session,
+            call_id: id,
+            output,
+            is_error,
+            exit_code: None,
+            time_ms,
+        }))
+    }
+
+    /// A call and its result; returns both verdicts.
+    fn run(&mut self, tool: &str, args: Value, output: &str, is_error: bool) -> (Verdict, Verdict) {
+        let (v, id) = self.call(tool, args);
+        let r = self.result(&id, output, is_error);
+        (v, r)
+    }
+
+    fn bash(&mut self, cmd: &str, output: &str, is_error: bool) -> (Verdict, Verdict) {
+        self.run("bash", json!({ "command": cmd }), output, is_error)
+    }
+
+    fn text(&mut self, text: &str, chunk: bool, end_of_turn: bool) -> Verdict {
+        let time_ms = self.tick();
+        self.engine.observe(&Event::Text(Text {
+            session: &self.session,
+            text,
+            chunk,
+            end_of_turn,
+            reasoning: false,
+            time_ms,
+        }))
+    }
+
+    fn user(&mut self, text: &str, injected: bool) -> Verdict {
+        let time_ms = self.tick();
+        self.engine.observe(&Event::User(UserMessage {
+            session: &self.session,
+            text,
+            injected,
+            time_ms,
+        }))
+    }
+
+    fn flags(&self) -> u32 {
+        self.engine
+            .with_session(&self.session, |s| s.flags())
+            .unwrap_or(0)
+    }
+}
+
+fn det(v: &Verdict) -> Option<&str> {
+    v.detector.as_deref()
+}
+
+// --- exact_repeat and escalation ----------------------------------------------------------------
+
+#[test]
+fn identical_calls_in_one_message_escalate_warn_block_terminate() {
+    let mut h = H::default();
+    let args = json!({"command": "ls -la"});
+    assert!(h.call("bash", args.clone()).0.is_allow());
+    assert!(h.call("bash", args.clone()).0.is_allow());
+    let (warn, _) = h.call("bash", json!({"command": "ls   -la "}));
+    assert_eq!(warn.action, Action::Warn);
+    assert_eq!(det(&warn), Some("exact_repeat"));
+    assert_eq!(warn.count, 3);
+    assert_eq!(
+        warn.rule.as_deref(),
+        Some("categories.shell/ladders.default[0]")
+    );
+    assert!(warn.message.contains("bash 3 times"), "{}", warn.message);
+    let seqs: Vec<u64> = warn.calls.iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    assert_eq!(
+        warn.loop_start.as_ref().map(|c| c.call_id.as_str()),
+        Some("call_1")
+    );
+    let (block, _) = h.call("bash", args.clone());
+    assert_eq!(block.action, Action::Block);
+    assert_eq!(
+        block.rule.as_deref(),
+        Some("categories.shell/ladders.default[2]")
+    );
+    // The refused call never ran; the loop goes on counting.
+    let (stop, _) = h.call("bash", args);
+    assert_eq!(stop.action, Action::Terminate);
+    assert_eq!(stop.count, 5);
+    assert_eq!(h.flags(), 3);
+}
+
+#[test]
+fn exact_repeat_and_no_progress_share_one_counter() {
+    let mut h = H::default();
+    h.bash("ls", "a b c", false);
+    h.bash("ls", "a b c", false);
+    let (call, result) = h.bash("ls", "a b c", false);
+    assert_eq!(call.action, Action::Warn);
+    // no_progress sees the same loop on the same call: not escalated twice.
+    assert!(result.is_allow(), "{result:?}");
+    let (call, _) = h.bash("ls", "a b c", false);
+    assert_eq!(call.action, Action::Block);
+}
+
+#[test]
+fn chance_then_break_lets_a_different_call_pass() {
+    let mut h = H::new(config(
+        "version: 1\nescalation: { ladder: chance_then_break }\n",
+    ));
+    let args = json!({"query": "weather"});
+    h.run("search", args.clone(), "sunny", false);
+    h.run("search", args.clone(), "sunny", false);
+    let (warn, id) = h.call("search", args.clone());
+    assert_eq!(warn.action, Action::Warn);
+    h.result(&id, "sunny", false);
+    let (other, id) = h.call("search", json!({"query": "news"}));
+    assert!(other.is_allow());
+    h.result(&id, "headlines", false);
+    let (again, _) = h.call("search", args);
+    assert_eq!(again.action, Action::Block);
+    assert_eq!(again.rule.as_deref(), Some("ladders.chance_then_break[1]"));
+}
+
+#[test]
+fn polling_with_changing_output_is_progress() {
+    let mut h = H::default();
+    for i in 0..12 {
+        let (c, r) = h.run(
+            "check_job",
+            json!({"job": "build-7"}),
+            &format!("running: {} of 12 steps", i),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "poll {i}: {c:?} {r:?}");
+    }
+}
+
+#[test]
+fn polling_with_masked_noise_is_no_progress() {
+    let mut h = H::new(config(
+        "version: 1\ndetectors: { exact_repeat: { threshold: 10 } }\n",
+    ));
+    let out = |i: u32| {
+        format!(
+            "status: pending (message id 123e4567-e89b-12d3-a456-42661417400{i}) pid {} at 2024-01-0{i}T10:00:00Z, read {i} times",
+            1000 + i
+        )
+    };
+    assert!(h.run("status", json!({}), &out(1), false).1.is_allow());
+    assert!(h.run("status", json!({}), &out(2), false).1.is_allow());
+    let (_, r) = h.run("status", json!({}), &out(3), false);
+    assert_eq!(det(&r), Some("no_progress"));
+    assert_eq!(r.action, Action::Warn);
+}
+
+#[test]
+fn paging_with_different_offsets_is_not_a_loop() {
+    let mut h = H::default();
+    for i in 0..15 {
+        let (c, r) = h.run(
+            "read_file",
+            json!({"path": "big.log", "offset": i * 100, "limit": 100}),
+            &format!("lines {}..{}", i * 100, i * 100 + 100),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "page {i}");
+    }
+}
+
+#[test]
+fn same_edit_to_ten_files_is_not_a_loop() {
+    let mut h = H::default();
+    for i in 0..10 {
+        let (c, r) = h.run(
+            "edit_file",
+            json!({"path": format!("src/m{i}.rs"), "old_string": "foo()", "new_string": "bar()"}),
+            &format!("Edited src/m{i}.rs"),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "edit {i}: {c:?} {r:?}");
+    }
+}
+
+#[test]
+fn retries_of_rate_limited_calls_are_not_loops() {
+    let mut h = H::default();
+    for _ in 0..8 {
+        let (c, r) = h.run(
+            "web_fetch",
+            json!({"url": "https://x.test"}),
+            "HTTP 429 Too Many Requests",
+            true,
+        );
+        assert!(c.is_allow() && r.is_allow(), "{c:?} {r:?}");
+    }
+    // And a success after the retries is fine too.
+    assert!(
+        h.run("web_fetch", json!({"url": "https://x.test"}), "ok", false)
+            .0
+            .is_allow()
+    );
+}
+
+#[test]
+fn user_asking_for_repeats_grants_an_allowance() {
+    let mut h = H::default();
+    h.user("please run the benchmark 5 times", false);
+    for i in 0..7 {
+        let (c, _) = h.bash("./bench.sh", "median 12.5ms", false);
+        assert!(c.is_allow(), "run {i}: {c:?}");
+    }
+    // threshold 3 + 5 extra: the 8th identical run is flagged.
+    assert_eq!(
+        h.bash("./bench.sh", "median 12.5ms", false).0.action,
+        Action::Warn
+    );
+    // The allowance ends with the next user message.
+    h.user("thanks, now check git status", false);
+    h.bash("git status", "clean", false);
+    h.bash("git status", "clean", false);
+    assert_eq!(h.bash("git status", "clean", false).0.action, Action::Warn);
+}
+
+#[test]
+fn allowance_words_and_intervals() {
+    let c = default_config();
+    assert_eq!(crate::session::allowance(&c.user, "run it 5 times"), 5);
+    assert_eq!(crate::session::allowance(&c.user, "try it three times"), 3);
+    assert_eq!(
+        crate::session::allowance(&c.user, "keep polling every 5 seconds"),
+        10
+    );
+    assert_eq!(crate::session::allowance(&c.user, "fix the bug"), 0);
+}
+
+// --- fuzzy, cycle, interleaved --------------------------------------------------------------------
+
+#[test]
+fn reading_one_file_many_ways_is_a_fuzzy_repeat() {
+    let mut h = H::default();
+    let file = "fn main() {}";
+    assert!(h.bash("cat src/main.rs", file, false).0.is_allow());
+    assert!(h.bash("head -n 20 src/main.rs", file, false).0.is_allow());
+    assert!(h.bash("tail src/main.rs", file, false).0.is_allow());
+    let (c, _) = h.bash("head -5 ./src/main.rs", file, false);
+    assert_eq!(det(&c), Some("fuzzy_repeat"), "{c:?}");
+}
+
+#[test]
+fn a_b_a_b_is_a_cycle_at_the_fourth_call() {
+    let mut h = H::default();
+    let a = json!({"path": "a.rs"});
+    let b = json!({"pattern": "todo"});
+    assert!(h.run("read_file", a.clone(), "A", false).0.is_allow());
+    assert!(h.run("grep", b.clone(), "B", false).0.is_allow());
+    assert!(h.run("read_file", a, "A", false).0.is_allow());
+    let (c, _) = h.run("grep", b, "B", false);
+    assert_eq!(det(&c), Some("cycle"));
+    assert_eq!(c.calls.len(), 4);
+}
+
+#[test]
+fn a_cycle_whose_results_change_is_progress() {
+    let mut h = H::default();
+    for i in 0..3 {
+        let (c1, _) = h.run(
+            "read_file",
+            json!({"path": "log.txt"}),
+            &format!("line {i}"),
+            false,
+        );
+        let (c2, _) = h.bash("make", &format!("step {i} done"), false);
+        assert!(c1.is_allow() && c2.is_allow(), "{i}: {c1:?} {c2:?}");
+    }
+}
+
+#[test]
+fn a_failing_test_rerun_between_reads_is_interleaved() {
+    let mut h = H::new(config(
+        "version: 1\ndetectors: { exact_repeat: { threshold: 10 } }\n",
+    ));
+    let fail = "FAILED tests/test_x.py::test_a - AssertionError";
+    assert!(h.bash("pytest", fail, true).0.is_allow());
+    h.run("read_file", json!({"path": "a.py"}), "a", false);
+    assert!(h.bash("pytest", fail, true).0.is_allow());
+    h.run("read_file", json!({"path": "b.py"}), "b", false);
+    let (c, _) = h.bash("pytest", fail, true);
+    assert_eq!(det(&c), Some("interleaved"), "{c:?}");
+}
+
+#[test]
+fn test_reruns_after_real_edits_then_passing_are_fine() {
+    let mut h = H::default();
+    for (i, out) in [
+        "3 failed, 7 passed",
+        "2 failed, 8 passed",
+        "1 failed, 9 passed",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (c, r) = h.run(
+            "edit_file",
+            json!({"path": format!("f{i}.py"), "old_string": "a", "new_string": "b"}),
+            "ok",
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow());
+        let (c, r) = h.bash("pytest -q", out, true);
+        assert!(c.is_allow() && r.is_allow(), "run {i}: {c:?} {r:?}");
+    }
+    let (c, r) = h.bash("pytest -q", "10 passed", false);
+    assert!(c.is_allow() && r.is_allow());
+}
+
+#[test]
+fn five_failing_test_runs_are_a_test_fix_loop() {
+    let mut h = H::default();
+    let mut last = Verdict::allow();
+    for i in 0..5 {
+        h.run(
+            "edit_file",
+            json!({"path": format!("f{i}.py"), "old_string": "a", "new_string": "b"}),
+            "ok",
+            false,
+        );
+        last = h.bash("cargo test", &format!("{} failed", 5 - i), true).1;
+        if i < 4 {
+            assert!(last.is_allow(), "{i}: {last:?}");
+        }
+    }
+    assert_eq!(det(&last), Some("test_fix"));
+    // A passing run resets.
+    h.bash("cargo test", "ok", false);
+    assert!(h.bash("cargo test", "1 failed", true).1.is_allow());
+}
+
+// --- results ------------------------------------------------------------------------------------
+
+#[test]
+fn different_searches_with_nothing_found_are_same_outcome() {
+    let mut h = H::default();
+    assert!(
+        h.run("grep", json!({"pattern": "foo"}), "No matches found", false)
+            .1
+            .is_allow()
+    );
+    assert!(
+        h.run("grep", json!({"pattern": "bar"}), "No matches found", false)
+            .1
+            .is_allow()
+    );
+    let r = h
+        .run("grep", json!({"pattern": "baz"}), "No matches found", false)
+        .1;
+    assert_eq!(det(&r), Some("same_outcome"), "{r:?}");
+}
+
+#[test]
+fn silent_shell_commands_are_not_empty_outcomes() {
+    let mut h = H::default();
+    for d in ["a", "b", "c", "d", "e"] {
+        let (c, r) = h.bash(&format!("mkdir {d}"), "", false);
+        assert!(c.is_allow() && r.is_allow());
+    }
+}
+
+#[test]
+fn failing_file_commands_cascade_with_a_hint() {
+    let mut h = H::default();
+    for i in 0..3 {
+        let r = h
+            .bash(
+                &format!("sed -i 's/a/b/' f{i}.txt"),
+                &format!("sed: f{i}.txt: error {i}"),
+                true,
+            )
+            .1;
+        assert!(r.is_allow(), "{i}: {r:?}");
+    }
+    let r = h.bash("sed -i 's/a/b/' g.txt", "sed: g.txt: other", true).1;
+    assert_eq!(det(&r), Some("error_cascade"));
+    assert!(r.message.contains("file tools"), "{}", r.message);
+    assert_eq!(r.calls.len(), 4);
+}
+
+#[test]
+fn unknown_tools() {
+    let mut h = H::default();
+    let (c, id) = h.call("frobnicate", json!({"x": 1}));
+    assert!(c.is_allow());
+    h.result(&id, "Error: unknown tool `frobnicate`", true);
+    let (c, _) = h.call("frobnicate", json!({"x": 2}));
+    assert_eq!(det(&c), Some("unknown_tool"));
+
+    let mut h = H::new(config(
+        "version: 1\ndetectors: { unknown_tool: { known_tools: [bash, \"mcp__*\"] } }\n",
+    ));
+    assert!(h.call("mcp__x__y", json!({})).0.is_allow());
+    assert!(h.call("nope", json!({"a": 1})).0.is_allow());
+    assert_eq!(
+        det(&h.call("nope", json!({"a": 2})).0),
+        Some("unknown_tool")
+    );
+}
+
+// --- text -----------------------------------------------------------------------------------------
+
+#[test]
+fn monologue_and_its_reset() {
+    let mut h = H::default();
+    for i in 0..5 {
+        assert!(
+            h.text(&format!("thinking step {i}"), false, false)
+                .is_allow()
+        );
+    }
+    let v = h.text("still thinking", false, false);
+    assert_eq!(det(&v), Some("monologue"));
+    let mut h = H::default();
+    for i in 0..5 {
+        h.text(&format!("step {i}"), false, false);
+    }
+    h.call("ls", json!({}));
+    assert!(h.text("", false, false).is_allow());
+    // Streamed chunks are one turn.
+    for _ in 0..10 {
+        assert!(h.text("chunk ", true, false).is_allow());
+    }
+}
+
+#[test]
+fn repeated_turns_are_text_repeat() {
+    let mut h = H::default();
+    assert!(
+        h.text("I apologize, let me try again.", false, false)
+            .is_allow()
+    );
+    h.call("ls", json!({}));
+    assert!(
+        h.text("I apologize,  let me TRY again.", false, false)
+            .is_allow()
+    );
+    h.call("ls", json!({"a": 1}));
+    let v = h.text("i apologize, let me try again.", false, false);
+    assert_eq!(det(&v), Some("text_repeat"));
+    // Short turns are ignored.
+    let mut h = H::default();
+    for _ in 0..4 {
+        assert!(h.text("ok", false, false).is_allow());
+        h.call("ls", json!({}));
+        h.user("go on", false);
+    }
+}
+
+#[test]
+fn chanting_is_caught_while_streaming() {
+    let mut h = H::default();
+    let mut fired = None;
+    for _ in 0..8 {
+        let v = h.text("I will now fix the failing test. ", true, false);
+        if !v.is_allow() && fired.is_none() {
+            fired = Some(v);
+        }
+    }
+    let v = fired.expect("chanting fires mid-stream");
+    assert_eq!(det(&v), Some("chanting"));
+    assert!(h.text("", true, true).is_allow() || h.flags() >= 1);
+}
+
+// --- scopes -------------------------------------------------------------------------------------
+
+#[test]
+fn ttl_expires_by_event_time() {
+    let mut h = H::new(config("version: 1\ntime: { ttl_seconds: 60 }\n"));
+    let args = json!({"command": "ls"});
+    h.call("bash", args.clone());
+    h.call("bash", args.clone());
+    h.t += 120_000;
+    assert!(h.call("bash", args.clone()).0.is_allow());
+    assert!(h.call("bash", args.clone()).0.is_allow());
+    assert_eq!(h.call("bash", args).0.action, Action::Warn);
+}
+
+#[test]
+fn user_message_resets_but_injected_nudge_does_not() {
+    let mut h = H::default();
+    let args = json!({"command": "make"});
+    h.call("bash", args.clone());
+    h.call("bash", args.clone());
+    assert_eq!(h.call("bash", args.clone()).0.action, Action::Warn);
+    h.user("try once more please", false);
+    h.call("bash", args.clone());
+    h.call("bash", args.clone());
+    // The loop counter was reset too: this is a first warning again, and flags were kept.
+    let v = h.call("bash", args.clone()).0;
+    assert_eq!(v.action, Action::Warn);
+    assert_eq!(h.flags(), 2);
+
+    let mut h = H::default();
+    h.call("bash", args.clone());
+    h.call("bash", args.clone());
+    h.user("[loopguard] you are repeating yourself", true);
+    assert_eq!(h.call("bash", args).0.action, Action::Warn);
+}
+
+#[test]
+fn reset_forgets_everything() {
+    let mut h = H::default();
+    let args = json!({"command": "make"});
+    for _ in 0..3 {
+        h.call("bash", args.clone());
+    }
+    assert_eq!(h.flags(), 1);
+    let time_ms = h.tick();
+    h.engine.observe(&Event::Reset {
+        session: "s",
+        time_ms,
+    });
+    assert_eq!(h.flags(), 0);
+    assert!(h.call("bash", args.clone()).0.is_allow());
+    assert!(h.call("bash", args).0.is_allow());
+}
+
+#[test]
+fn sessions_are_isolated_and_evicted() {
+    let mut h = H::default();
+    let args = json!({"command": "make"});
+    h.call("bash", args.clone());
+    h.call("bash", args.clone());
+    h.session = "other".into();
+    assert!(h.call("bash", args.clone()).0.is_allow());
+    h.session = "s".into();
+    assert_eq!(h.call("bash", args).0.action, Action::Warn);
+    assert_eq!(h.engine.session_count(), 2);
+    assert_eq!(h.engine.evict_idle(h.t + 10_000), 0);
+    assert_eq!(h.engine.evict_idle(h.t + 3_600_000), 2);
+    assert_eq!(h.engine.session_count(), 0);
+}
+
+#[test]
+fn engine_is_shared_across_threads() {
+    let engine = Engine::new(default_config());
+    let args = json!({"command": "make"});
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (engine, args) = (&engine, &args);
+            scope.spawn(move || {
+                for s in 0..25 {
+                    let session = format!("t{t}-s{s}");
+                    let verdicts: Vec<Action> = (0..3)
+                        .map(|i| {
+                            let id = format!("c{i}");
+                            engine
+                                .observe(&Event::Call(Call {
+                                    session: &session,
+                                    call_id: &id,
+                                    tool: "bash",
+                                    arguments: Arguments::Json(args),
+                                    time_ms: i,
+                                }))
+                                .action
+                        })
+                        .collect();
+                    assert_eq!(verdicts, [Action::Allow, Action::Allow, Action::Warn]);
+                }
+            });
+        }
+    });
+    assert_eq!(engine.session_count(), 100);
+}
+
+#[test]
+fn session_memory_stays_small() {
+    let mut h = H::default();
+    for i in 0..100 {
+        h.run("read_file", json!({"path": format!("f{i}.rs")}), "x", false);
+    }
+    let bytes = h.engine.with_session("s", |s| s.memory_bytes()).unwrap();
+    eprintln!("session memory: {bytes} bytes");
+    assert!(bytes <= 1536, "{bytes} bytes");
+}
+
+#[test]
+fn a_session_flagged_often_gets_no_more_warnings() {
+    let mut h = H::default();
+    for i in 0..4 {
+        let cmd = format!("make target{i}");
+        h.bash(&cmd, "x", false);
+        h.bash(&cmd, "x", false);
+        assert_eq!(h.bash(&cmd, "x", false).0.action, Action::Warn);
+        h.user("ok, try something else", false);
+    }
+    assert_eq!(h.flags(), 4);
+    h.bash("make final", "x", false);
+    h.bash("make final", "x", false);
+    let v = h.bash("make final", "x", false).0;
+    assert_eq!(v.action, Action::Block);
+    assert_eq!(
+        v.rule.as_deref(),
+        Some("categories.shell/ladders.default[1]")
+    );
+    assert!(v.message.contains("looped 4 times"), "{}", v.message);
+}
+
+#[test]
+fn detector_ladder_overrides_and_templates() {
+    let mut h = H::new(config(
+        r#"version: 1
+escalation: { ladder: mine }
+ladders:
+  mine:
+    - { repeat: 1, action: ask }
+    - { repeat: 2, action: terminate }
+  strict:
+    - { repeat: 1, action: block, message: "{detector} on {file} in {category} ({count}/{threshold}, window {window}, {rule}, {action}) {{x}}" }
+categories:
+  reads:
+    tools: [read_file]
+    detectors: { exact_repeat: { ladder: strict } }
+"#,
+    ));
+    let args = json!({"path": "src/lib.rs"});
+    h.run("read_file", args.clone(), "x", false);
+    h.run("read_file", args.clone(), "x", false);
+    let v = h.call("read_file", args).0;
+    assert_eq!(
+        v.message,
+        "exact_repeat on src/lib.rs in reads (3/3, window 30, categories.reads/ladders.strict[0], block) {x}"
+    );
+    // No message in the step: a default one for the action.
+    let a = json!({"q": 1});
+    h.call("other", a.clone());
+    h.call("other", a.clone());
+    let v = h.call("other", a).0;
+    assert_eq!(v.action, Action::Ask);
+    assert!(v.message.contains("Ask the user"), "{}", v.message);
+}
+
+#[test]
+fn raw_arguments_and_stray_results() {
+    let mut h = H::default();
+    let time_ms = h.tick();
+    let raw = |id: &'static str| {
+        Event::Call(Call {
+            session: "s",
+            call_id: id,
+            tool: "bash",
+            arguments: Arguments::Raw(r#"{"command":  "ls"}"#),
+            time_ms,
+        })
+    };
+    assert!(h.engine.observe(&raw("r1")).is_allow());
+    assert!(h.call("bash", json!({"command": "ls"})).0.is_allow());
+    assert_eq!(h.engine.observe(&raw("r3")).action, Action::Warn);
+    // A result for a call the engine never saw is ignored.
+    assert!(h.result("nobody", "boom", true).is_allow());
+}
+
+#[test]
+fn reasoning_only_and_empty_turns_count_as_turns() {
+    let mut h = H::default();
+    for i in 0..5 {
+        let time_ms = h.tick();
+        let v = h.engine.observe(&Event::Text(Text {
+            session: "s",
+            text: if i % 2 == 0 {
+                ""
+            } else {
+                "hmm, let me think about it"
+            },
+            chunk: false,
+            end_of_turn: true,
+            reasoning: true,
+            time_ms,
+        }));
+        assert!(v.is_allow());
+    }
+    assert_eq!(det(&h.text("", false, false)), Some("monologue"));
+}
+
+/// Not a benchmark (see `benches/`): a rough figure for `cargo test --release -- --ignored`.
+#[test]
+#[ignore]
+fn hot_path_timing() {
+    let engine = Engine::new(default_config());
+    let args: Vec<Value> = (0..64)
+        .map(|i| {
+            json!({"path": format!("src/module_{i}/file.rs"), "offset": i * 10, "limit": 200,
+                   "request_id": format!("req-{i}"), "options": {"encoding": "utf-8", "follow": true}})
+        })
+        .collect();
+    let ids: Vec<String> = (0..64).map(|i| format!("call_{i:024}")).collect();
+    let n = 200_000u64;
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        let k = (i % 64) as usize;
+        std::hint::black_box(engine.observe(&Event::Call(Call {
+            session: "bench",
+            call_id: &ids[k],
+            tool: "read_file",
+            arguments: Arguments::Json(&args[k]),
+            time_ms: i,
+        })));
+    }
+    let per = start.elapsed().as_nanos() as f64 / n as f64;
+    eprintln!("observe(call): {per:.0} ns/event");
+}
+
+#[test]
+fn waiting_is_never_a_repeat() {
+    let mut h = H::default();
+    for i in 0..8 {
+        let (c, r) = h.bash("sleep 30", "", false);
+        assert!(c.is_allow() && r.is_allow(), "{i}");
+    }
+}
+
+proptest::proptest! {
+    /// Any sequence of events, with a small window that wraps and a TTL, never panics, and the
+    /// verdicts stay consistent (an allow has no calls).
+    #[test]
+    fn random_sessions_never_panic(ops in proptest::collection::vec((0u8..6, 0u8..4, 0u64..90_000), 1..80)) {
+        static SMALL: OnceLock<Config> = OnceLock::new();
+        let c = SMALL
+            .get_or_init(|| config("version: 1\nwindow: { size: 4 }\ntime: { ttl_seconds: 60 }\ndetectors: { cycle: { max_period: 2 } }\n"))
+            .clone();
+        let mut h = H::new(c);
+        let mut ids: Vec<String> = Vec::new();
+        for (op, x, dt) in ops {
+            h.t += dt;
+            let v = match op {
+                0 | 1 => {
+                    let (v, id) = h.call(["bash", "read_file", "grep", "nope"][x as usize], json!({"command": format!("cat f{x}"), "path": format!("f{x}")}));
+                    ids.push(id);
+                    v
+                }
+                2 => {
+                    let id = ids.get(x as usize % ids.len().max(1)).cloned().unwrap_or_default();
+                    h.result(&id, ["same", "No matches found", "429 Too Many Requests", "unknown tool"][x as usize], x % 2 == 0)
+                }
+                3 => h.text("I will fix it now. I will fix it now.", x % 2 == 0, x == 0),
+                4 => h.user(["run it 3 times", "go on"][x as usize % 2], x >= 2),
+                _ => {
+                    let time_ms = h.tick();
+                    h.engine.observe(&Event::Reset { session: "s", time_ms })
+                }
+            };
+            proptest::prop_assert!(!v.is_allow() || v.calls.is_empty());
+        }
+    }
+}

@@ -1,0 +1,984 @@
+//! Recorded conversations, read into one list of events.
+//!
+//! Three formats are recognised from the content, not the file name:
+//!
+//! - **loopguard events**: JSON Lines, one event object per line with a `type` of `call`,
+//!   `result`, `text`, `user` or `reset`; blank lines and lines starting with `//` are skipped.
+//!   Unknown types and unknown keys are errors, so a typo never silently changes a replay.
+//!   The JSON Schema is printed by `loopctl schema --events`.
+//! - **OpenAI chat-completions messages**: a JSON array of messages, the same as JSON Lines, or a
+//!   request body (an object with a `messages` array; its other keys are ignored).
+//! - **Anthropic messages**: the same shapes, with `tool_use` / `tool_result` content blocks.
+//!   OpenAI and Anthropic messages may be mixed; each message is read by its own shape.
+//!
+//! Messages carry no time; each event is placed one second after the previous one unless the
+//! message has a numeric `time` (seconds). Tool-call arguments that are not valid JSON are kept
+//! as raw text.
+
+use std::fmt;
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// Where an event came from: the 1-based line of its message or event object.
+pub type Line = usize;
+
+/// The format a transcript was read as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Events,
+    Messages,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Events => "loopguard events",
+            Format::Messages => "chat messages",
+        })
+    }
+}
+
+/// Tool-call arguments as recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Args {
+    Json(Value),
+    Raw(String),
+}
+
+impl Args {
+    fn from_text(text: &str) -> Args {
+        match serde_json::from_str::<Value>(text) {
+            Ok(v) => Args::Json(v),
+            Err(_) => Args::Raw(text.to_owned()),
+        }
+    }
+
+    /// A short one-line rendering for timelines.
+    pub fn summary(&self, max: usize) -> String {
+        let text = match self {
+            Args::Json(v) => v.to_string(),
+            Args::Raw(s) => s.clone(),
+        };
+        shorten(&text, max)
+    }
+}
+
+/// Cuts `text` to at most `max` characters on one line.
+pub fn shorten(text: &str, max: usize) -> String {
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let mut s: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    }
+}
+
+/// One event of a transcript, owning its text.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Kind {
+    Call {
+        id: String,
+        tool: String,
+        arguments: Args,
+    },
+    Result {
+        id: String,
+        output: String,
+        error: bool,
+        exit_code: Option<i32>,
+    },
+    Text {
+        text: String,
+        chunk: bool,
+        end: bool,
+        reasoning: bool,
+    },
+    User {
+        text: String,
+        injected: bool,
+    },
+    Reset,
+}
+
+impl Kind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kind::Call { .. } => "call",
+            Kind::Result { .. } => "result",
+            Kind::Text { .. } => "text",
+            Kind::User { .. } => "user",
+            Kind::Reset => "reset",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Item {
+    pub line: Line,
+    pub session: String,
+    pub time_ms: u64,
+    /// 1-based index of the assistant message this event belongs to (0 before the first).
+    pub turn: u64,
+    pub kind: Kind,
+}
+
+/// A transcript that could not be read: the line and what is wrong.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BadInput {
+    pub line: Line,
+    pub column: Option<usize>,
+    pub message: String,
+}
+
+impl BadInput {
+    fn at(line: Line, message: impl Into<String>) -> BadInput {
+        BadInput {
+            line,
+            column: None,
+            message: message.into(),
+        }
+    }
+
+    fn json(e: &serde_json::Error, line_offset: Line) -> BadInput {
+        BadInput {
+            line: line_offset + e.line().max(1) - 1,
+            column: Some(e.column()),
+            message: format!("invalid JSON: {e}"),
+        }
+    }
+}
+
+/// The session used for events that name none.
+pub const DEFAULT_SESSION: &str = "main";
+
+#[derive(Debug)]
+pub struct Transcript {
+    pub format: Format,
+    pub items: Vec<Item>,
+}
+
+/// Reads a transcript of any supported format.
+pub fn parse(text: &str) -> Result<Transcript, BadInput> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let first = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .find(|(_, l)| !l.is_empty() && !l.starts_with("//"));
+    let Some((first_line, first)) = first else {
+        return Err(BadInput::at(1, "the transcript holds no event or message"));
+    };
+    if first.starts_with('[') {
+        let raw: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| BadInput::json(&e, 1))?;
+        return messages(text, &raw);
+    }
+    if !first.starts_with('{') {
+        return Err(BadInput::at(
+            first_line,
+            "expected JSON: an array of messages, an object with `messages`, or JSON Lines",
+        ));
+    }
+    // A single JSON document that is an object with `messages`: a request body.
+    if let Ok(doc) = serde_json::from_str::<Body<'_>>(text) {
+        return messages(text, &doc.messages);
+    }
+    // Otherwise JSON Lines; the first line says which kind.
+    let first_value: Value =
+        serde_json::from_str(first).map_err(|e| BadInput::json(&e, first_line))?;
+    if first_value.get("role").is_some() {
+        let mut raw = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let t = line.trim();
+            if t.is_empty() || t.starts_with("//") {
+                continue;
+            }
+            let r: &RawValue = serde_json::from_str(t).map_err(|e| BadInput::json(&e, i + 1))?;
+            raw.push(r);
+        }
+        return messages(text, &raw);
+    }
+    if first_value.get("messages").is_some() {
+        // An object with `messages` that did not read as a request body.
+        let e = serde_json::from_str::<Body<'_>>(text).err();
+        return Err(match e {
+            Some(e) => BadInput::json(&e, 1),
+            None => BadInput::at(first_line, "unreadable request body"),
+        });
+    }
+    events(text)
+}
+
+#[derive(serde::Deserialize)]
+struct Body<'a> {
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
+}
+
+/// The 1-based line where `part` (a slice of `text`) starts.
+fn line_of(text: &str, part: &str) -> Line {
+    let offset = (part.as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
+    text.as_bytes()
+        .get(..offset.min(text.len()))
+        .map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
+        + 1
+}
+
+// --- loopguard event JSON Lines ----------------------------------------------------------------
+
+const EVENT_KEYS: &[(&str, &[&str])] = &[
+    ("call", &["id", "tool", "arguments"]),
+    ("result", &["id", "output", "error", "exit_code"]),
+    ("text", &["text", "chunk", "end", "reasoning"]),
+    ("user", &["text", "injected"]),
+    ("reset", &[]),
+];
+const COMMON_KEYS: &[&str] = &["type", "session", "time", "turn"];
+
+fn events(text: &str) -> Result<Transcript, BadInput> {
+    let mut items = Vec::new();
+    let mut clock = Clock::default();
+    let mut turns = Turns::default();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("//") {
+            continue;
+        }
+        let v: Value = serde_json::from_str(t).map_err(|e| BadInput::json(&e, n))?;
+        let Value::Object(obj) = &v else {
+            return Err(BadInput::at(n, "an event must be a JSON object"));
+        };
+        let ty = match obj.get("type") {
+            Some(Value::String(s)) => s.as_str(),
+            Some(_) => return Err(BadInput::at(n, "`type` must be a string")),
+            None => return Err(BadInput::at(n, "the event has no `type`")),
+        };
+        let Some((_, keys)) = EVENT_KEYS.iter().find(|(k, _)| *k == ty) else {
+            return Err(BadInput::at(
+                n,
+                format!("unknown event type `{ty}`; expected call, result, text, user or reset"),
+            ));
+        };
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !COMMON_KEYS.contains(&k.as_str()) && !keys.contains(&k.as_str()))
+        {
+            return Err(BadInput::at(
+                n,
+                format!(
+                    "unknown key `{k}` in a `{ty}` event; allowed: {}",
+                    COMMON_KEYS
+                        .iter()
+                        .chain(keys.iter())
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let field = Fields { obj, line: n };
+        let session = field
+            .string("session")?
+            .unwrap_or_else(|| DEFAULT_SESSION.to_owned());
+        let time_ms = clock.next(field.seconds("time")?);
+        let kind = match ty {
+            "call" => Kind::Call {
+                id: field.string("id")?.unwrap_or_default(),
+                tool: field
+                    .string("tool")?
+                    .ok_or_else(|| BadInput::at(n, "a `call` event needs a `tool`"))?,
+                arguments: match obj.get("arguments") {
+                    None | Some(Value::Null) => Args::Json(Value::Object(Default::default())),
+                    Some(Value::String(s)) => Args::from_text(s),
+                    Some(v @ Value::Object(_)) => Args::Json(v.clone()),
+                    Some(_) => {
+                        return Err(BadInput::at(
+                            n,
+                            "`arguments` must be an object or a string (raw arguments)",
+                        ));
+                    }
+                },
+            },
+            "result" => Kind::Result {
+                id: field.string("id")?.unwrap_or_default(),
+                output: field.string("output")?.unwrap_or_default(),
+                error: field.boolean("error")?.unwrap_or(false),
+                exit_code: field.exit_code()?,
+            },
+            "text" => Kind::Text {
+                text: field.string("text")?.unwrap_or_default(),
+                chunk: field.boolean("chunk")?.unwrap_or(false),
+                end: field.boolean("end")?.unwrap_or(false),
+                reasoning: field.boolean("reasoning")?.unwrap_or(false),
+            },
+            "user" => Kind::User {
+                text: field.string("text")?.unwrap_or_default(),
+                injected: field.boolean("injected")?.unwrap_or(false),
+            },
+            _ => Kind::Reset,
+        };
+        let explicit_turn = match obj.get("turn") {
+            None => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .ok_or_else(|| BadInput::at(n, "`turn` must be a non-negative integer"))?,
+            ),
+        };
+        let turn = turns.next(&session, &kind, explicit_turn);
+        items.push(Item {
+            line: n,
+            session,
+            time_ms,
+            turn,
+            kind,
+        });
+    }
+    Ok(Transcript {
+        format: Format::Events,
+        items,
+    })
+}
+
+struct Fields<'a> {
+    obj: &'a serde_json::Map<String, Value>,
+    line: Line,
+}
+
+impl Fields<'_> {
+    fn string(&self, key: &str) -> Result<Option<String>, BadInput> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(BadInput::at(self.line, format!("`{key}` must be a string"))),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<Option<bool>, BadInput> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(BadInput::at(
+                self.line,
+                format!("`{key}` must be true or false"),
+            )),
+        }
+    }
+
+    fn seconds(&self, key: &str) -> Result<Option<f64>, BadInput> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(s)),
+                _ => Err(BadInput::at(
+                    self.line,
+                    format!("`{key}` must be a non-negative number of seconds"),
+                )),
+            },
+            Some(_) => Err(BadInput::at(
+                self.line,
+                format!("`{key}` must be a number of seconds"),
+            )),
+        }
+    }
+
+    fn exit_code(&self) -> Result<Option<i32>, BadInput> {
+        match self.obj.get("exit_code") {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_i64()
+                .and_then(|c| i32::try_from(c).ok())
+                .map(Some)
+                .ok_or_else(|| BadInput::at(self.line, "`exit_code` must be an integer")),
+        }
+    }
+}
+
+/// Event time: explicit seconds, else one second after the previous event.
+#[derive(Default)]
+struct Clock {
+    last_ms: Option<u64>,
+}
+
+impl Clock {
+    fn next(&mut self, seconds: Option<f64>) -> u64 {
+        let ms = match seconds {
+            // Bounded above so the conversion cannot saturate surprisingly: ~3 million years.
+            Some(s) => (s.min(1e14) * 1000.0).round() as u64,
+            None => self.last_ms.map_or(0, |t| t + 1000),
+        };
+        self.last_ms = Some(ms);
+        ms
+    }
+}
+
+/// Assistant-message numbering for event transcripts: a text turn, or a run of calls that does
+/// not follow another call of the same session, starts a new assistant message.
+#[derive(Default)]
+struct Turns {
+    turn: u64,
+    /// The kind of the previous event per session: was it a call, or a streamed chunk that did not
+    /// end its turn?
+    last: Vec<(String, Prev)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prev {
+    Call,
+    OpenChunk,
+    Other,
+}
+
+impl Turns {
+    fn next(&mut self, session: &str, kind: &Kind, explicit: Option<u64>) -> u64 {
+        let prev = self
+            .last
+            .iter()
+            .find(|(s, _)| s == session)
+            .map_or(Prev::Other, |(_, p)| *p);
+        let now = match kind {
+            Kind::Call { .. } => Prev::Call,
+            Kind::Text {
+                chunk: true,
+                end: false,
+                ..
+            } => Prev::OpenChunk,
+            _ => Prev::Other,
+        };
+        let starts = match kind {
+            Kind::Call { .. } => prev != Prev::Call && prev != Prev::OpenChunk,
+            Kind::Text { .. } => prev != Prev::OpenChunk,
+            _ => false,
+        };
+        if let Some(t) = explicit {
+            self.turn = t;
+        } else if starts {
+            self.turn += 1;
+        }
+        match self.last.iter_mut().find(|(s, _)| s == session) {
+            Some(entry) => entry.1 = now,
+            None => self.last.push((session.to_owned(), now)),
+        }
+        self.turn
+    }
+}
+
+// --- OpenAI and Anthropic messages ----------------------------------------------------------------
+
+fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
+    let mut items = Vec::new();
+    let mut clock = Clock::default();
+    let mut turn = 0u64;
+    let mut synthetic_ids = 0u64;
+    for r in raw {
+        let line = line_of(text, r.get());
+        let msg: Value = serde_json::from_str(r.get()).map_err(|e| BadInput::json(&e, line))?;
+        let Value::Object(obj) = &msg else {
+            return Err(BadInput::at(line, "a message must be a JSON object"));
+        };
+        let f = Fields { obj, line };
+        let role = f
+            .string("role")?
+            .ok_or_else(|| BadInput::at(line, "the message has no `role`"))?;
+        let time = f.seconds("time")?;
+        let mut push = |kind: Kind, turn: u64, items: &mut Vec<Item>| {
+            let time_ms = clock.next(if items.last().is_some_and(|i| i.line == line) {
+                None
+            } else {
+                time
+            });
+            items.push(Item {
+                line,
+                session: DEFAULT_SESSION.to_owned(),
+                time_ms,
+                turn,
+                kind,
+            });
+        };
+        match role.as_str() {
+            "system" | "developer" => {}
+            "assistant" => {
+                turn += 1;
+                let content = obj.get("content").unwrap_or(&Value::Null);
+                let mut texts = Vec::new();
+                let mut calls = Vec::new();
+                let mut reasoning = Vec::new();
+                for key in ["reasoning_content", "reasoning"] {
+                    if let Some(Value::String(s)) = obj.get(key) {
+                        reasoning.push(s.clone());
+                    }
+                }
+                read_content(content, line, &mut texts, &mut calls, &mut reasoning, None)?;
+                if let Some(tc) = obj.get("tool_calls") {
+                    let Value::Array(tc) = tc else {
+                        return Err(BadInput::at(line, "`tool_calls` must be an array"));
+                    };
+                    for (k, call) in tc.iter().enumerate() {
+                        calls.push(openai_call(call, line, k)?);
+                    }
+                }
+                if let Some(fc) = obj.get("function_call").filter(|v| !v.is_null()) {
+                    calls.push(legacy_function_call(fc, line)?);
+                }
+                for r in reasoning.into_iter().filter(|r| !r.trim().is_empty()) {
+                    push(
+                        Kind::Text {
+                            text: r,
+                            chunk: false,
+                            end: false,
+                            reasoning: true,
+                        },
+                        turn,
+                        &mut items,
+                    );
+                }
+                let text = texts.join("\n");
+                if calls.is_empty() || !text.trim().is_empty() {
+                    push(
+                        Kind::Text {
+                            text,
+                            chunk: false,
+                            end: false,
+                            reasoning: false,
+                        },
+                        turn,
+                        &mut items,
+                    );
+                }
+                for (id, tool, arguments) in calls {
+                    let id = id.unwrap_or_else(|| {
+                        synthetic_ids += 1;
+                        format!("call_{synthetic_ids}")
+                    });
+                    push(
+                        Kind::Call {
+                            id,
+                            tool,
+                            arguments,
+                        },
+                        turn,
+                        &mut items,
+                    );
+                }
+            }
+            "tool" | "function" => {
+                let id = match f.string("tool_call_id")? {
+                    Some(id) => id,
+                    // Legacy `function` results answer the latest call without an id.
+                    None => items
+                        .iter()
+                        .rev()
+                        .find_map(|i| match &i.kind {
+                            Kind::Call { id, .. } => Some(id.clone()),
+                            _ => None,
+                        })
+                        .ok_or_else(|| {
+                            BadInput::at(line, "a tool message needs a `tool_call_id`")
+                        })?,
+                };
+                let output = content_text(obj.get("content").unwrap_or(&Value::Null), line)?;
+                let error = f.boolean("is_error")?.unwrap_or(false);
+                push(
+                    Kind::Result {
+                        id,
+                        output,
+                        error,
+                        exit_code: None,
+                    },
+                    turn,
+                    &mut items,
+                );
+            }
+            "user" => {
+                let content = obj.get("content").unwrap_or(&Value::Null);
+                let mut texts = Vec::new();
+                let mut results = Vec::new();
+                read_content(
+                    content,
+                    line,
+                    &mut texts,
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                    Some(&mut results),
+                )?;
+                for (id, output, error) in results {
+                    push(
+                        Kind::Result {
+                            id,
+                            output,
+                            error,
+                            exit_code: None,
+                        },
+                        turn,
+                        &mut items,
+                    );
+                }
+                let text = texts.join("\n");
+                if !text.trim().is_empty() {
+                    push(
+                        Kind::User {
+                            text,
+                            injected: false,
+                        },
+                        turn,
+                        &mut items,
+                    );
+                }
+            }
+            other => {
+                return Err(BadInput::at(
+                    line,
+                    format!(
+                        "unknown role `{other}`; expected system, developer, user, assistant or tool"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(Transcript {
+        format: Format::Messages,
+        items,
+    })
+}
+
+type CallParts = (Option<String>, String, Args);
+
+/// Reads message content: a string, or an array of parts / blocks (OpenAI `text` parts,
+/// Anthropic `text`, `thinking`, `tool_use` and `tool_result` blocks).
+fn read_content(
+    content: &Value,
+    line: Line,
+    texts: &mut Vec<String>,
+    calls: &mut Vec<CallParts>,
+    reasoning: &mut Vec<String>,
+    mut results: Option<&mut Vec<(String, String, bool)>>,
+) -> Result<(), BadInput> {
+    match content {
+        Value::Null => Ok(()),
+        Value::String(s) => {
+            texts.push(s.clone());
+            Ok(())
+        }
+        Value::Array(parts) => {
+            for (k, part) in parts.iter().enumerate() {
+                let ty = part.get("type").and_then(Value::as_str).unwrap_or("text");
+                let at = |what: &str| BadInput::at(line, format!("content block {k}: {what}"));
+                match ty {
+                    "text" | "input_text" | "output_text" => {
+                        let t = part
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| at("a `text` block needs a string `text`"))?;
+                        texts.push(t.to_owned());
+                    }
+                    "thinking" | "reasoning" => {
+                        if let Some(t) = part
+                            .get("thinking")
+                            .or_else(|| part.get("text"))
+                            .and_then(Value::as_str)
+                        {
+                            reasoning.push(t.to_owned());
+                        }
+                    }
+                    "redacted_thinking" | "image" | "image_url" | "document" | "input_audio"
+                    | "file" | "refusal" => {}
+                    "tool_use" | "server_tool_use" => {
+                        let id = part.get("id").and_then(Value::as_str).map(str::to_owned);
+                        let name = part
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| at("a `tool_use` block needs a string `name`"))?;
+                        let input = match part.get("input") {
+                            None | Some(Value::Null) => {
+                                Args::Json(Value::Object(Default::default()))
+                            }
+                            Some(Value::String(s)) => Args::from_text(s),
+                            Some(v) => Args::Json(v.clone()),
+                        };
+                        calls.push((id, name.to_owned(), input));
+                    }
+                    "tool_result" => {
+                        let Some(results) = results.as_deref_mut() else {
+                            return Err(at("a `tool_result` block belongs in a user message"));
+                        };
+                        let id = part
+                            .get("tool_use_id")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| at("a `tool_result` block needs a `tool_use_id`"))?;
+                        let output =
+                            content_text(part.get("content").unwrap_or(&Value::Null), line)?;
+                        let error = match part.get("is_error") {
+                            None | Some(Value::Null) => false,
+                            Some(Value::Bool(b)) => *b,
+                            Some(_) => return Err(at("`is_error` must be true or false")),
+                        };
+                        results.push((id.to_owned(), output, error));
+                    }
+                    other => return Err(at(&format!("unknown content block type `{other}`"))),
+                }
+            }
+            Ok(())
+        }
+        _ => Err(BadInput::at(
+            line,
+            "`content` must be a string, an array of content parts, or null",
+        )),
+    }
+}
+
+/// The text of a tool result's content: a string, or the text parts of an array.
+fn content_text(content: &Value, line: Line) -> Result<String, BadInput> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => Ok(parts
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.as_str()),
+                _ => p.get("text").and_then(Value::as_str),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")),
+        _ => Err(BadInput::at(
+            line,
+            "tool result `content` must be a string, an array of content parts, or null",
+        )),
+    }
+}
+
+fn openai_call(call: &Value, line: Line, k: usize) -> Result<CallParts, BadInput> {
+    let at = |what: &str| BadInput::at(line, format!("tool_calls[{k}]: {what}"));
+    let Value::Object(obj) = call else {
+        return Err(at("a tool call must be an object"));
+    };
+    let id = match obj.get("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(at("`id` must be a string")),
+    };
+    let function = obj
+        .get("function")
+        .ok_or_else(|| at("a tool call needs a `function`"))?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| at("`function.name` must be a string"))?;
+    let arguments = match function.get("arguments") {
+        None | Some(Value::Null) => Args::Json(Value::Object(Default::default())),
+        Some(Value::String(s)) => Args::from_text(s),
+        Some(v) => Args::Json(v.clone()),
+    };
+    Ok((id, name.to_owned(), arguments))
+}
+
+fn legacy_function_call(fc: &Value, line: Line) -> Result<CallParts, BadInput> {
+    let name = fc
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| BadInput::at(line, "`function_call.name` must be a string"))?;
+    let arguments = match fc.get("arguments") {
+        Some(Value::String(s)) => Args::from_text(s),
+        None | Some(Value::Null) => Args::Json(Value::Object(Default::default())),
+        Some(v) => Args::Json(v.clone()),
+    };
+    Ok((None, name.to_owned(), arguments))
+}
+
+/// The JSON Schema of one line of the loopguard event format.
+pub fn event_schema() -> Value {
+    let common = serde_json::json!({
+        "session": {"type": "string", "description": "Session id; default `main`."},
+        "time": {"type": "number", "minimum": 0, "description": "Event time in seconds; default: one second after the previous event."},
+        "turn": {"type": "integer", "minimum": 0, "description": "1-based assistant message this event belongs to; default: counted from the events."}
+    });
+    let variant = |ty: &str, desc: &str, props: Value, required: &[&str]| {
+        let mut properties = common.as_object().cloned().unwrap_or_default();
+        properties.insert("type".into(), serde_json::json!({"const": ty}));
+        if let Value::Object(p) = props {
+            properties.extend(p);
+        }
+        let mut req = vec!["type"];
+        req.extend_from_slice(required);
+        serde_json::json!({
+            "description": desc,
+            "type": "object",
+            "properties": properties,
+            "required": req,
+            "additionalProperties": false
+        })
+    };
+    serde_json::json!({
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$id": "https://loopguard.invalid/schema/events.json",
+        "title": "loopguard event",
+        "description": "One line of a loopguard event transcript (JSON Lines). Blank lines and lines starting with // are skipped.",
+        "oneOf": [
+            variant("call", "The model asked for a tool to be run.", serde_json::json!({
+                "id": {"type": "string", "description": "The call id that results refer to."},
+                "tool": {"type": "string"},
+                "arguments": {"type": ["object", "string", "null"], "description": "JSON arguments, or the raw text the model produced (kept as text when it is not JSON)."}
+            }), &["tool"]),
+            variant("result", "A tool produced its output.", serde_json::json!({
+                "id": {"type": "string", "description": "The id of the call this answers."},
+                "output": {"type": "string"},
+                "error": {"type": "boolean", "description": "The tool reported a failure."},
+                "exit_code": {"type": ["integer", "null"]}
+            }), &[]),
+            variant("text", "Assistant text with no tool call: a whole turn, or one streamed chunk.", serde_json::json!({
+                "text": {"type": "string"},
+                "chunk": {"type": "boolean", "description": "A streamed chunk of a turn."},
+                "end": {"type": "boolean", "description": "This chunk ends its turn."},
+                "reasoning": {"type": "boolean", "description": "Reasoning (thinking) text."}
+            }), &[]),
+            variant("user", "A message from a person, or a note the host injected.", serde_json::json!({
+                "text": {"type": "string"},
+                "injected": {"type": "boolean", "description": "The host injected it (a nudge); it never resets counts."}
+            }), &[]),
+            variant("reset", "Forget everything about the session.", serde_json::json!({}), &[])
+        ]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn kinds(t: &Transcript) -> Vec<&'static str> {
+        t.items.iter().map(|i| i.kind.name()).collect()
+    }
+
+    #[test]
+    fn event_lines_with_comments_and_defaults() {
+        let t = parse(
+            "// a comment\n\n{\"type\":\"call\",\"tool\":\"ls\",\"id\":\"a\"}\n{\"type\":\"result\",\"id\":\"a\",\"output\":\"x\",\"time\":5}\n",
+        )
+        .unwrap();
+        assert_eq!(t.format, Format::Events);
+        assert_eq!(kinds(&t), ["call", "result"]);
+        assert_eq!(t.items[0].line, 3);
+        assert_eq!(t.items[0].time_ms, 0);
+        assert_eq!(t.items[1].time_ms, 5000);
+        assert_eq!(t.items[0].session, DEFAULT_SESSION);
+    }
+
+    #[test]
+    fn unknown_keys_and_types_name_the_line() {
+        let e = parse("{\"type\":\"call\",\"tool\":\"ls\"}\n{\"type\":\"call\",\"tol\":\"ls\"}\n")
+            .unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("unknown key `tol`"), "{}", e.message);
+        let e = parse("{\"type\":\"cal\"}").unwrap_err();
+        assert!(e.message.contains("unknown event type `cal`"));
+    }
+
+    #[test]
+    fn broken_json_names_line_and_column() {
+        let e = parse("{\"type\":\"reset\"}\n{\"type\": \"call\", \"tool\": }\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.column.is_some());
+    }
+
+    #[test]
+    fn raw_arguments_are_kept() {
+        let t = parse(
+            r#"[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\": \"ls"}}]}]"#,
+        )
+        .unwrap();
+        match &t.items[0].kind {
+            Kind::Call { arguments, .. } => {
+                assert_eq!(arguments, &Args::Raw("{\"command\": \"ls".into()));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn openai_array_jsonl_and_body_read_the_same() {
+        let msgs = [
+            r#"{"role":"system","content":"be brief"}"#,
+            r#"{"role":"user","content":"list files"}"#,
+            r#"{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"ls","arguments":"{}"}},{"id":"c2","type":"function","function":{"name":"ls","arguments":"{\"path\":\"src\"}"}}]}"#,
+            r#"{"role":"tool","tool_call_id":"c1","content":"a b"}"#,
+            r#"{"role":"tool","tool_call_id":"c2","content":[{"type":"text","text":"c"}]}"#,
+            r#"{"role":"assistant","content":"done"}"#,
+        ];
+        let array = format!("[\n{}\n]", msgs.join(",\n"));
+        let jsonl = msgs.join("\n");
+        let body = format!(
+            "{{\"model\":\"m\",\"messages\":[\n{}\n]}}",
+            msgs.join(",\n")
+        );
+        let a = parse(&array).unwrap();
+        let b = parse(&jsonl).unwrap();
+        let c = parse(&body).unwrap();
+        assert_eq!(
+            kinds(&a),
+            ["user", "call", "call", "result", "result", "text"]
+        );
+        let strip = |t: &Transcript| {
+            t.items
+                .iter()
+                .map(|i| (i.turn, i.kind.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(strip(&a), strip(&b));
+        assert_eq!(strip(&a), strip(&c));
+        assert_eq!(a.items[1].turn, 1);
+        assert_eq!(a.items[5].turn, 2);
+        // Lines point at the message each event came from.
+        assert_eq!(a.items[3].line, 5);
+        assert_eq!(b.items[3].line, 4);
+    }
+
+    #[test]
+    fn anthropic_blocks() {
+        let t = parse(
+            r#"{"messages":[
+{"role":"user","content":"fix it"},
+{"role":"assistant","content":[{"type":"thinking","thinking":"hmm"},{"type":"text","text":"Reading."},{"type":"tool_use","id":"t1","name":"read_file","input":{"path":"a.rs"}}]},
+{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"no such file","is_error":true}]}
+]}"#,
+        )
+        .unwrap();
+        assert_eq!(kinds(&t), ["user", "text", "text", "call", "result"]);
+        match &t.items[4].kind {
+            Kind::Result { error, output, .. } => {
+                assert!(*error);
+                assert_eq!(output, "no such file");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(t.items[4].line, 4);
+    }
+
+    #[test]
+    fn bad_messages_name_their_line() {
+        let e = parse("[\n{\"role\":\"user\",\"content\":\"x\"},\n{\"role\":\"robot\"}\n]")
+            .unwrap_err();
+        assert_eq!(e.line, 3);
+        let e =
+            parse("[\n{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{}}]}\n]").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("tool_calls[0]"));
+        assert!(parse("").is_err());
+        assert!(parse("hello").is_err());
+        assert!(parse("[1, 2").is_err());
+    }
+
+    #[test]
+    fn event_turns_group_consecutive_calls() {
+        let t = parse(
+            "{\"type\":\"user\",\"text\":\"go\"}\n{\"type\":\"call\",\"tool\":\"a\"}\n{\"type\":\"call\",\"tool\":\"b\"}\n{\"type\":\"result\"}\n{\"type\":\"call\",\"tool\":\"c\"}\n{\"type\":\"text\",\"text\":\"x\"}\n",
+        )
+        .unwrap();
+        let turns: Vec<u64> = t.items.iter().map(|i| i.turn).collect();
+        assert_eq!(turns, [0, 1, 1, 1, 2, 3]);
+    }
+}

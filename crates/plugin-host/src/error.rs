@@ -1,0 +1,83 @@
+use std::path::PathBuf;
+
+/// Why a plugin could not be loaded. Every message names the library file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// The path names no file.
+    #[error("plugin `{}` not found", path.display())]
+    NotFound { path: PathBuf },
+
+    /// The file exists but the dynamic loader refused it (not a shared library, wrong
+    /// architecture, missing dependency).
+    #[error("plugin `{}` is not a loadable library: {source}", path.display())]
+    NotALibrary {
+        path: PathBuf,
+        #[source]
+        source: libloading::Error,
+    },
+
+    /// A symbol every plugin must export is missing.
+    #[error(
+        "plugin `{}` does not export `{symbol}`: is it a loopguard plugin?",
+        path.display()
+    )]
+    MissingSymbol {
+        path: PathBuf,
+        symbol: &'static str,
+        #[source]
+        source: libloading::Error,
+    },
+
+    /// The plugin was built for another version of the plugin ABI.
+    #[error(
+        "plugin `{}` was built for plugin ABI version {found}, but this loopguard speaks version {expected}: rebuild the plugin against loopguard-plugin-sdk for ABI {expected}",
+        path.display()
+    )]
+    AbiMismatch {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+
+    /// The descriptor is smaller than the fields this host reads.
+    #[error(
+        "plugin `{}` has a descriptor of {size} bytes, this host needs at least {needed}",
+        path.display()
+    )]
+    DescriptorTooSmall {
+        path: PathBuf,
+        size: usize,
+        needed: usize,
+    },
+
+    /// The descriptor is malformed: null, a null function, text that is not UTF-8, a schema that
+    /// is not a JSON Schema.
+    #[error("plugin `{}` has an invalid descriptor: {reason}", path.display())]
+    BadDescriptor { path: PathBuf, reason: String },
+
+    /// The policy's `config` for the plugin does not match the plugin's JSON Schema.
+    #[error(
+        "invalid configuration for plugin `{plugin}` ({}): {}",
+        path.display(),
+        errors.join("; ")
+    )]
+    BadConfig {
+        path: PathBuf,
+        plugin: String,
+        /// One entry per violation: `<json pointer>: <what is wrong>`.
+        errors: Vec<String>,
+    },
+
+    /// The plugin's `create` refused the configuration or failed.
+    #[error(
+        "plugin `{plugin}` ({}) failed to start (status {status}): {message}",
+        path.display()
+    )]
+    CreateFailed {
+        path: PathBuf,
+        plugin: String,
+        status: i32,
+        message: String,
+    },
+}

@@ -1,0 +1,755 @@
+//! loopguard plugin `results`: different calls, same outcome. The same error text from varied
+//! arguments, the same empty result from different searches, the same output again and again:
+//! the agent is changing what it asks but learning nothing new.
+//!
+//! # How it decides
+//!
+//! Each tool result is normalized, then remembered as a compact sketch, never as text:
+//!
+//! - **text**: ANSI escape sequences dropped; timestamps (`2024-05-01T12:00:00Z`, `12:00:01`),
+//!   hex ids (UUIDs, hashes, `0x…`, any run of ≥ 8 hex digits with a digit in it) masked; with
+//!   `mask_numbers`, every run of digits masked; whitespace collapsed;
+//! - **JSON** (an output that parses as an object or array): keys sorted, the values of volatile
+//!   keys (`id`, `*_id`, `*Id`, `uuid`, `etag`, `*_at`, `timestamp`, `time`, `date`, `duration`,
+//!   `elapsed`, `took`, …) masked, strings normalized as text, numbers masked with `mask_numbers`;
+//! - the **sketch**: a 64-bit digest of the normalized form (and of the error flag), plus a
+//!   16-slot MinHash of its word 3-shingles. Two results are as similar as their MinHashes agree
+//!   (1.0 when the digests are equal).
+//!
+//! A result at least `similarity` similar to an earlier result of the same tool joins that
+//! result's group. When a group holds `min_count` results within the session's last `window`
+//! results, coming from at least two different calls (exact repeats of one call are the built-in
+//! detectors' business), the plugin reports a detection whose key is the group's.
+//!
+//! Tools whose normal answer is a fixed acknowledgement (`ok`, an empty string from a write) will
+//! look like loops: list them in `ignore_tools`.
+//!
+//! # Bounded cost
+//!
+//! Only the first `max_bytes` bytes of an output are read (default 64 KiB), so the time per
+//! event is linear in `min(output, max_bytes)` plus `window` sketch comparisons. Memory per
+//! session is `window` entries of 96 bytes, whatever the outputs' sizes, for at most
+//! `max_sessions` sessions (the least recently seen is forgotten first).
+//!
+//! # Configuration
+//!
+//! | key            | default | meaning                                                     |
+//! |----------------|---------|-------------------------------------------------------------|
+//! | `min_count`    | 3       | similar results (this one included) that make a loop        |
+//! | `window`       | 10      | how many recent results of the session are looked at        |
+//! | `similarity`   | 0.9     | MinHash agreement (0–1] at which two results are the same   |
+//! | `mask_numbers` | true    | mask every number before comparing                          |
+//! | `max_bytes`    | 65536   | bytes of each output that are read                          |
+//! | `max_sessions` | 1024    | sessions remembered at once                                 |
+//! | `ignore_tools` | `[]`    | tools whose results are never compared                      |
+
+use std::collections::{HashMap, VecDeque};
+
+use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, export_plugin};
+use serde_json::Value;
+
+/// MinHash slots per sketch.
+pub const SLOTS: usize = 16;
+
+/// The plugin's configuration (see the crate docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub min_count: usize,
+    pub window: usize,
+    pub similarity: f64,
+    pub mask_numbers: bool,
+    pub max_bytes: usize,
+    pub max_sessions: usize,
+    pub ignore_tools: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            min_count: 3,
+            window: 10,
+            similarity: 0.9,
+            mask_numbers: true,
+            max_bytes: 64 * 1024,
+            max_sessions: 1024,
+            ignore_tools: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads a configuration already validated against [`Results::config_schema`], and checks
+    /// what the schema cannot.
+    pub fn from_json(config: &Value) -> Result<Config, String> {
+        let mut c = Config::default();
+        let usize_of = |key: &str, default: usize| -> Result<usize, String> {
+            match config.get(key) {
+                None => Ok(default),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| format!("`{key}` must be a non-negative integer, got `{v}`")),
+            }
+        };
+        c.min_count = usize_of("min_count", c.min_count)?;
+        c.window = usize_of("window", c.window)?;
+        c.max_bytes = usize_of("max_bytes", c.max_bytes)?;
+        c.max_sessions = usize_of("max_sessions", c.max_sessions)?;
+        if let Some(v) = config.get("similarity").and_then(Value::as_f64) {
+            c.similarity = v;
+        }
+        if let Some(v) = config.get("mask_numbers").and_then(Value::as_bool) {
+            c.mask_numbers = v;
+        }
+        if let Some(tools) = config.get("ignore_tools").and_then(Value::as_array) {
+            c.ignore_tools = tools
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect();
+        }
+        if !(c.similarity > 0.0 && c.similarity <= 1.0) {
+            return Err(format!(
+                "`similarity` must be in (0, 1], got {}",
+                c.similarity
+            ));
+        }
+        if c.min_count < 2 {
+            return Err(format!(
+                "`min_count` must be at least 2, got {}",
+                c.min_count
+            ));
+        }
+        if c.min_count > c.window {
+            return Err(format!(
+                "`min_count` ({}) must not exceed `window` ({}): no loop could ever be seen",
+                c.min_count, c.window
+            ));
+        }
+        if c.max_bytes == 0 || c.max_sessions == 0 {
+            return Err("`max_bytes` and `max_sessions` must be at least 1".to_string());
+        }
+        Ok(c)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalization
+
+/// Drops ANSI escape sequences (CSI, OSC, and two-character escapes).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('[') => {
+                // CSI: parameters and intermediates, then one final byte in '@'..='~'.
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            Some(']') => {
+                // OSC: until BEL or ESC '\'.
+                while let Some(c) = chars.next() {
+                    if c == '\u{7}' {
+                        break;
+                    }
+                    if c == '\u{1b}' {
+                        chars.next_if_eq(&'\\');
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '_' | '-' | ':' | '.' | '+')
+}
+
+/// How one word is masked.
+fn mask_word(word: &str, mask_numbers: bool, out: &mut String) {
+    let word_trimmed = word.trim_end_matches(['.', ':', '-', '+']);
+    let tail = &word[word_trimmed.len()..];
+    let w = word_trimmed;
+    let has_digit = w.bytes().any(|b| b.is_ascii_digit());
+    if has_digit {
+        let separators = w.bytes().filter(|b| matches!(b, b'-' | b':')).count();
+        let timestamp_chars = w
+            .bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b':' | b'.' | b'T' | b'Z' | b'+'));
+        if separators >= 2 && timestamp_chars && w.as_bytes()[0].is_ascii_digit() {
+            out.push_str("<ts>");
+            out.push_str(tail);
+            return;
+        }
+        let hex = w.strip_prefix("0x").unwrap_or(w);
+        let hex_digits = hex.bytes().filter(u8::is_ascii_hexdigit).count();
+        let all_hex = hex.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+        let prefixed = hex.len() < w.len() && !hex.is_empty();
+        let has_hex_letter = hex.bytes().any(|b| b.is_ascii_alphabetic());
+        if all_hex && (prefixed || (hex_digits >= 8 && (has_hex_letter || hex_digits >= 16))) {
+            out.push_str("<id>");
+            out.push_str(tail);
+            return;
+        }
+    }
+    if mask_numbers && has_digit {
+        let mut in_digits = false;
+        for c in w.chars() {
+            if c.is_ascii_digit() {
+                if !in_digits {
+                    out.push('#');
+                }
+                in_digits = true;
+            } else {
+                in_digits = false;
+                out.push(c);
+            }
+        }
+    } else {
+        out.push_str(w);
+    }
+    out.push_str(tail);
+}
+
+/// Normalized text: words masked, punctuation kept as separate tokens, one space between tokens.
+fn normalize_text(s: &str, mask_numbers: bool) -> String {
+    let clean = strip_ansi(s);
+    let mut out = String::with_capacity(clean.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if !word.is_empty() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            mask_word(word, mask_numbers, out);
+            word.clear();
+        }
+    };
+    for c in clean.chars() {
+        if is_word_char(c) {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            if !c.is_whitespace() && !c.is_control() {
+                if !out.is_empty() {
+                    out.push(' ');
+                }
+                out.push(c);
+            }
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+fn is_volatile_key(key: &str) -> bool {
+    let lower = key.to_ascii_lowercase();
+    matches!(
+        lower.as_str(),
+        "id" | "uuid"
+            | "guid"
+            | "etag"
+            | "timestamp"
+            | "time"
+            | "date"
+            | "created"
+            | "updated"
+            | "modified"
+            | "duration"
+            | "elapsed"
+            | "took"
+            | "nonce"
+            | "cursor"
+    ) || lower.ends_with("_id")
+        || lower.ends_with("_at")
+        || lower.ends_with("_ms")
+        || lower.ends_with("_time")
+        || lower.ends_with("_timestamp")
+        || (key.len() > 2 && key.ends_with("Id"))
+}
+
+/// Canonical JSON: keys sorted, volatile values masked, strings normalized.
+fn canonical_json(v: &Value, mask_numbers: bool, out: &mut String) {
+    match v {
+        Value::Null | Value::Bool(_) => out.push_str(&v.to_string()),
+        Value::Number(n) => {
+            if mask_numbers {
+                out.push('#');
+            } else {
+                out.push_str(&n.to_string());
+            }
+        }
+        Value::String(s) => {
+            out.push('"');
+            out.push_str(&normalize_text(s, mask_numbers));
+            out.push('"');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(" , ");
+                }
+                canonical_json(item, mask_numbers, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(" , ");
+                }
+                out.push_str(k);
+                out.push_str(" : ");
+                if is_volatile_key(k) {
+                    out.push_str("<v>");
+                } else {
+                    canonical_json(&map[k.as_str()], mask_numbers, out);
+                }
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// The normalized form of an output, reading at most `max_bytes` bytes of it.
+pub fn normalize(output: &str, mask_numbers: bool, max_bytes: usize) -> String {
+    let mut end = output.len().min(max_bytes);
+    while !output.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &output[..end];
+    let trimmed = head.trim_start();
+    let looks_like_json = trimmed.starts_with('{') || trimmed.starts_with('[');
+    if end == output.len()
+        && looks_like_json
+        && let Ok(v) = serde_json::from_str::<Value>(head)
+    {
+        let mut out = String::new();
+        canonical_json(&v, mask_numbers, &mut out);
+        return out;
+    }
+    normalize_text(head, mask_numbers)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sketches
+
+fn mix(mut h: u64) -> u64 {
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    mix(h)
+}
+
+/// A result, remembered without its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sketch {
+    pub digest: u64,
+    pub minhash: [u32; SLOTS],
+}
+
+impl Sketch {
+    /// The sketch of an already normalized output.
+    pub fn of(normalized: &str, is_error: bool) -> Sketch {
+        let digest = mix(fnv(normalized.as_bytes()) ^ u64::from(is_error));
+        let mut minhash = [u32::MAX; SLOTS];
+        let tokens: Vec<u64> = normalized.split(' ').map(|t| fnv(t.as_bytes())).collect();
+        let mut add = |shingle: u64| {
+            for (i, slot) in minhash.iter_mut().enumerate() {
+                let h =
+                    (mix(shingle ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) >> 32) as u32;
+                *slot = (*slot).min(h);
+            }
+        };
+        if tokens.len() < 3 {
+            add(tokens.iter().fold(0, |acc, t| mix(acc ^ t)));
+        } else {
+            for w in tokens.windows(3) {
+                add(mix(mix(w[0] ^ 1) ^ w[1]) ^ w[2]);
+            }
+        }
+        Sketch { digest, minhash }
+    }
+
+    /// Estimated similarity in [0, 1]: 1 for equal digests, else the share of agreeing slots.
+    pub fn similarity(&self, other: &Sketch) -> f64 {
+        if self.digest == other.digest {
+            return 1.0;
+        }
+        let same = self
+            .minhash
+            .iter()
+            .zip(&other.minhash)
+            .filter(|(a, b)| a == b)
+            .count();
+        same as f64 / SLOTS as f64
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The detector
+
+#[derive(Debug)]
+struct Entry {
+    tool: u64,
+    /// Identifies the call (exact fingerprint, else a hash of the arguments; 0 if unknown).
+    call: u64,
+    group: u64,
+    sketch: Sketch,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    entries: VecDeque<Entry>,
+    last_seen: u64,
+}
+
+/// The detector.
+#[derive(Debug)]
+pub struct Results {
+    config: Config,
+    sessions: HashMap<String, Session>,
+    tick: u64,
+}
+
+impl Results {
+    /// A detector with `config`.
+    pub fn with_config(config: Config) -> Results {
+        Results {
+            config,
+            sessions: HashMap::new(),
+            tick: 0,
+        }
+    }
+
+    fn session(&mut self, id: &str) -> &mut Session {
+        self.tick += 1;
+        if !self.sessions.contains_key(id) && self.sessions.len() >= self.config.max_sessions {
+            let oldest = self
+                .sessions
+                .iter()
+                .min_by_key(|(_, s)| s.last_seen)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                self.sessions.remove(&oldest);
+            }
+        }
+        let tick = self.tick;
+        let session = self.sessions.entry(id.to_string()).or_default();
+        session.last_seen = tick;
+        session
+    }
+
+    fn on_result(&mut self, ev: &Event<'_>) -> Option<Detection> {
+        if self.config.ignore_tools.iter().any(|t| t == ev.tool) {
+            return None;
+        }
+        let (min_count, window, threshold) = (
+            self.config.min_count,
+            self.config.window,
+            self.config.similarity,
+        );
+        let normalized = normalize(ev.result, self.config.mask_numbers, self.config.max_bytes);
+        let sketch = Sketch::of(&normalized, ev.is_error);
+        let tool = fnv(ev.tool.as_bytes());
+        let call = if ev.exact != 0 {
+            ev.exact
+        } else if !ev.arguments.is_empty() {
+            fnv(ev.arguments.as_bytes())
+        } else {
+            0
+        };
+        let session = self.session(ev.session);
+
+        let mut best: Option<(f64, u64)> = None;
+        for e in session.entries.iter().filter(|e| e.tool == tool) {
+            let s = e.sketch.similarity(&sketch);
+            if s >= threshold && best.is_none_or(|(b, _)| s > b) {
+                best = Some((s, e.group));
+            }
+        }
+        let group = best.map_or_else(|| mix(sketch.digest ^ tool), |b| b.1);
+        if session.entries.len() >= window {
+            session.entries.pop_front();
+        }
+        session.entries.push_back(Entry {
+            tool,
+            call,
+            group,
+            sketch,
+        });
+
+        let members = session.entries.iter().filter(|e| e.group == group);
+        let count = members.clone().count();
+        // Calls the host could not identify (0) count as different ones.
+        let different_calls = members.clone().any(|e| e.call == 0 || e.call != call);
+        if count < min_count || !different_calls {
+            return None;
+        }
+        let what = if ev.is_error { "error" } else { "result" };
+        let preview: String = normalized.chars().take(60).collect();
+        let preview = if preview.is_empty() {
+            "(empty)".to_string()
+        } else if normalized.chars().nth(60).is_some() {
+            format!("{preview}…")
+        } else {
+            preview
+        };
+        Some(Detection {
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            key: group,
+            message: format!(
+                "`{}` returned the same {what} {count} times in the last {} results, for different \
+                 arguments; varying the call is not changing the outcome",
+                ev.tool,
+                session.entries.len()
+            ),
+            pattern: format!("{} → same {what}: {preview}", ev.tool),
+        })
+    }
+}
+
+impl Detector for Results {
+    fn name() -> &'static str {
+        "results"
+    }
+
+    fn version() -> &'static str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn config_schema() -> Value {
+        serde_json::json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "loopguard results plugin",
+            "type": ["object", "null"],
+            "additionalProperties": false,
+            "properties": {
+                "min_count": {
+                    "type": "integer", "minimum": 2, "default": 3,
+                    "description": "similar results, this one included, that make a loop"
+                },
+                "window": {
+                    "type": "integer", "minimum": 2, "maximum": 1000, "default": 10,
+                    "description": "recent results of the session that are compared"
+                },
+                "similarity": {
+                    "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.9,
+                    "description": "MinHash agreement at which two results count as the same"
+                },
+                "mask_numbers": {
+                    "type": "boolean", "default": true,
+                    "description": "mask every number before comparing"
+                },
+                "max_bytes": {
+                    "type": "integer", "minimum": 1, "default": 65536,
+                    "description": "bytes of each output that are read"
+                },
+                "max_sessions": {
+                    "type": "integer", "minimum": 1, "default": 1024,
+                    "description": "sessions remembered at once"
+                },
+                "ignore_tools": {
+                    "type": "array", "items": { "type": "string" }, "default": [],
+                    "description": "tools whose results are never compared"
+                }
+            }
+        })
+    }
+
+    fn new(config: Value) -> Result<Self, String> {
+        Ok(Results::with_config(Config::from_json(&config)?))
+    }
+
+    fn on_event(&mut self, ev: &Event<'_>) -> Option<Detection> {
+        match ev.kind {
+            EventKind::Result => self.on_result(ev),
+            EventKind::Reset => {
+                self.sessions.remove(ev.session);
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+export_plugin!(Results);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result<'a>(tool: &'a str, output: &'a str, exact: u64) -> Event<'a> {
+        let mut ev = Event::new(EventKind::Result, "s");
+        ev.tool = tool;
+        ev.result = output;
+        ev.exact = exact;
+        ev
+    }
+
+    fn detector() -> Results {
+        Results::new(Value::Null).unwrap()
+    }
+
+    #[test]
+    fn three_searches_with_the_same_empty_result() {
+        let mut d = detector();
+        assert!(d.on_event(&result("search", "[]", 1)).is_none());
+        assert!(d.on_event(&result("search", "[]", 2)).is_none());
+        let hit = d.on_event(&result("search", "[]", 3)).expect("a loop");
+        assert_eq!(hit.count, 3);
+        assert!(hit.message.contains("`search`"), "{}", hit.message);
+    }
+
+    #[test]
+    fn same_error_with_volatile_parts() {
+        let mut d = detector();
+        let outputs = [
+            "\u{1b}[31merror\u{1b}[0m: request 550e8400-e29b-41d4-a716-446655440000 failed at 2024-05-01T12:00:00Z (attempt 1)",
+            "error: request 6ba7b810-9dad-11d1-80b4-00c04fd430c8 failed at 2024-05-01T12:00:07Z (attempt 2)",
+            "error:  request 6ba7b811-9dad-11d1-80b4-00c04fd430c8 failed at 2024-05-01T12:01:00Z (attempt 3)",
+        ];
+        let mut last = None;
+        for (i, o) in outputs.iter().enumerate() {
+            let mut ev = result("fetch", o, i as u64 + 1);
+            ev.is_error = true;
+            last = d.on_event(&ev);
+        }
+        let hit = last.expect("a loop");
+        assert!(hit.message.contains("same error"), "{}", hit.message);
+    }
+
+    #[test]
+    fn json_results_compare_structurally() {
+        let a = normalize(
+            r#"{"items": [], "request_id": "abc", "took": 12}"#,
+            true,
+            1 << 16,
+        );
+        let b = normalize(
+            r#"{"took": 7, "items": [], "request_id": "xyz"}"#,
+            true,
+            1 << 16,
+        );
+        assert_eq!(a, b);
+        let c = normalize(r#"{"items": [1], "took": 7}"#, true, 1 << 16);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn numbers_are_masked_only_when_asked() {
+        assert_eq!(normalize("found 12 files", true, 100), "found # files");
+        assert_eq!(normalize("found 12 files", false, 100), "found 12 files");
+        assert_eq!(
+            normalize("at 12:00:01 on 2024-01-02", false, 100),
+            "at <ts> on <ts>"
+        );
+        assert_eq!(normalize("commit 3f2a9c1e0b", false, 100), "commit <id>");
+        assert_eq!(normalize("ptr 0x7ffd", false, 100), "ptr <id>");
+    }
+
+    #[test]
+    fn exact_repeats_are_left_to_the_built_in_detectors() {
+        let mut d = detector();
+        for _ in 0..5 {
+            assert!(d.on_event(&result("search", "[]", 9)).is_none());
+        }
+    }
+
+    #[test]
+    fn different_results_are_not_a_loop() {
+        let mut d = detector();
+        for (i, o) in [
+            "alpha beta gamma",
+            "delta epsilon zeta",
+            "eta theta iota",
+            "kappa lambda mu",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert!(d.on_event(&result("search", o, i as u64)).is_none());
+        }
+    }
+
+    #[test]
+    fn near_same_long_outputs_match() {
+        let base: String = (0..200)
+            .map(|i| format!("line {i} of the report says ok\n"))
+            .collect();
+        let changed = base.replace("line 7 of", "line seven of");
+        let a = Sketch::of(&normalize(&base, false, 1 << 16), false);
+        let b = Sketch::of(&normalize(&changed, false, 1 << 16), false);
+        assert!(a.similarity(&b) >= 0.75, "{}", a.similarity(&b));
+        let c = Sketch::of("something else entirely , nothing alike here", false);
+        assert!(a.similarity(&c) < 0.2);
+    }
+
+    #[test]
+    fn ignored_tools_are_skipped() {
+        let mut d = Results::new(serde_json::json!({"ignore_tools": ["write"]})).unwrap();
+        for i in 0..5 {
+            assert!(d.on_event(&result("write", "ok", i)).is_none());
+        }
+    }
+
+    #[test]
+    fn memory_does_not_grow_with_output_size() {
+        let mut d =
+            Results::new(serde_json::json!({"max_bytes": 1024, "window": 4, "min_count": 2}))
+                .unwrap();
+        let huge = "z".repeat(10 << 20);
+        for i in 0..10 {
+            d.on_event(&result("cat", &huge, i));
+        }
+        let s = &d.sessions["s"];
+        assert_eq!(s.entries.len(), 4);
+        assert_eq!(std::mem::size_of::<Entry>(), 96, "the documented bound");
+    }
+
+    #[test]
+    fn ansi_is_stripped() {
+        assert_eq!(
+            strip_ansi("\u{1b}[1;31mred\u{1b}[0m \u{1b}]0;title\u{7}x"),
+            "red x"
+        );
+    }
+
+    #[test]
+    fn truncation_respects_char_boundaries() {
+        let s = "é".repeat(100);
+        assert_eq!(normalize(&s, true, 3).chars().count(), 1);
+    }
+
+    #[test]
+    fn config_is_checked() {
+        assert!(Results::new(serde_json::json!({"min_count": 20})).is_err());
+        assert!(Results::new(serde_json::json!({"similarity": 1.5})).is_err());
+        let c = Config::from_json(&serde_json::json!({"mask_numbers": false})).unwrap();
+        assert!(!c.mask_numbers);
+    }
+}

@@ -1,0 +1,620 @@
+//! loopguard plugin `similarity`: the same tool, called again and again with **near**-identical
+//! arguments (`fo0`, `f00`, `foo ` after `foo`), which exact fingerprints cannot see.
+//!
+//! # How it decides
+//!
+//! Each call's JSON arguments are compared field by field with the earlier calls of the same tool
+//! in the session's recent window:
+//!
+//! - strings: whitespace trimmed and collapsed, then the larger of normalized Levenshtein and
+//!   Jaro-Winkler similarity (`strsim`); strings whose lengths differ by more than 2× are
+//!   dissimilar without being compared;
+//! - objects: the mean similarity over the union of their keys (a key on one side only counts 0),
+//!   so `{"q":"foo","page":1}` and `{"q":"foo","page":2}` score 0.5: paging is not a loop;
+//! - arrays: element by element, the mean over the longer one;
+//! - numbers, booleans, null: equal or not.
+//!
+//! A call at least `threshold` similar to an earlier one joins that call's group (single linkage,
+//! so a drifting retry `foo` → `fo0` → `f00` stays one group). When a group holds `min_count`
+//! calls within the last `window` calls of the session, and they are not all exact repeats (those
+//! are the built-in detectors' business), the plugin reports a detection whose key is the group's.
+//!
+//! # Bounded cost
+//!
+//! Arguments are reduced once, when the call arrives, to a bounded sketch: strings keep their
+//! first `max_chars` characters, containers their first 32 entries, nesting stops at depth 8, and
+//! a call keeps at most `4 × max_chars` characters in all. Comparing two sketches therefore costs
+//! at most `max_chars × 4·max_chars` character steps (each string pair is O(la·lb), each string
+//! pairs with at most one other), and one event at most `(window − 1) × 4 × max_chars²`: with
+//! the defaults (window 10, max_chars 256) about 2.4 million steps in the worst case, and far
+//! fewer for typical ~200-byte arguments (the length prefilter and exact-match shortcut skip most
+//! pairs). Memory is `window` sketches per session (≤ `4 × max_chars` characters each), for at
+//! most `max_sessions` sessions (the least recently seen is forgotten first).
+//!
+//! # Configuration
+//!
+//! | key            | default | meaning                                           |
+//! |----------------|---------|---------------------------------------------------|
+//! | `threshold`    | 0.8     | similarity (0–1] at which two calls are "similar" |
+//! | `min_count`    | 3       | similar calls (this one included) that make a loop |
+//! | `window`       | 10      | how many recent calls of the session are looked at |
+//! | `max_chars`    | 256     | characters kept per string                        |
+//! | `max_sessions` | 1024    | sessions remembered at once                       |
+
+use std::collections::{HashMap, VecDeque};
+
+use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, export_plugin};
+use serde_json::Value;
+
+const MAX_ENTRIES: usize = 32;
+const MAX_DEPTH: usize = 8;
+
+/// The plugin's configuration (see the crate docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub threshold: f64,
+    pub min_count: usize,
+    pub window: usize,
+    pub max_chars: usize,
+    pub max_sessions: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            threshold: 0.8,
+            min_count: 3,
+            window: 10,
+            max_chars: 256,
+            max_sessions: 1024,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a configuration already validated against [`Similarity::config_schema`], and checks
+    /// what the schema cannot.
+    pub fn from_json(config: &Value) -> Result<Config, String> {
+        let mut c = Config::default();
+        if let Some(v) = config.get("threshold").and_then(Value::as_f64) {
+            c.threshold = v;
+        }
+        let usize_of = |key: &str, default: usize| -> Result<usize, String> {
+            match config.get(key) {
+                None => Ok(default),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| format!("`{key}` must be a non-negative integer, got `{v}`")),
+            }
+        };
+        c.min_count = usize_of("min_count", c.min_count)?;
+        c.window = usize_of("window", c.window)?;
+        c.max_chars = usize_of("max_chars", c.max_chars)?;
+        c.max_sessions = usize_of("max_sessions", c.max_sessions)?;
+        if !(c.threshold > 0.0 && c.threshold <= 1.0) {
+            return Err(format!(
+                "`threshold` must be in (0, 1], got {}",
+                c.threshold
+            ));
+        }
+        if c.min_count < 2 {
+            return Err(format!(
+                "`min_count` must be at least 2, got {}",
+                c.min_count
+            ));
+        }
+        if c.min_count > c.window {
+            return Err(format!(
+                "`min_count` ({}) must not exceed `window` ({}): no loop could ever be seen",
+                c.min_count, c.window
+            ));
+        }
+        if c.max_chars == 0 || c.max_sessions == 0 {
+            return Err("`max_chars` and `max_sessions` must be at least 1".to_string());
+        }
+        Ok(c)
+    }
+}
+
+/// A bounded copy of a call's arguments.
+#[derive(Clone, Debug, PartialEq)]
+enum Sketch {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str {
+        text: String,
+        chars: usize,
+    },
+    Arr(Vec<Sketch>),
+    /// Sorted by key.
+    Obj(Vec<(String, Sketch)>),
+}
+
+struct Budget {
+    max_chars: usize,
+    chars_left: usize,
+}
+
+impl Budget {
+    /// Whitespace-normalized, truncated text, charged to the budget.
+    fn text(&mut self, s: &str) -> Sketch {
+        let cap = self.max_chars.min(self.chars_left);
+        let mut text = String::new();
+        let mut chars = 0;
+        for word in s.split_whitespace() {
+            if chars >= cap {
+                break;
+            }
+            if chars > 0 {
+                text.push(' ');
+                chars += 1;
+            }
+            for c in word.chars() {
+                if chars >= cap {
+                    break;
+                }
+                text.push(c);
+                chars += 1;
+            }
+        }
+        self.chars_left -= chars.min(self.chars_left);
+        Sketch::Str { text, chars }
+    }
+
+    fn sketch(&mut self, v: &Value, depth: usize) -> Sketch {
+        if depth >= MAX_DEPTH {
+            return Sketch::Null;
+        }
+        match v {
+            Value::Null => Sketch::Null,
+            Value::Bool(b) => Sketch::Bool(*b),
+            Value::Number(n) => Sketch::Num(n.as_f64().unwrap_or(f64::NAN)),
+            Value::String(s) => self.text(s),
+            Value::Array(items) => Sketch::Arr(
+                items
+                    .iter()
+                    .take(MAX_ENTRIES)
+                    .map(|i| self.sketch(i, depth + 1))
+                    .collect(),
+            ),
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                Sketch::Obj(
+                    keys.into_iter()
+                        .take(MAX_ENTRIES)
+                        .map(|k| (k.clone(), self.sketch(&map[k.as_str()], depth + 1)))
+                        .collect(),
+                )
+            }
+        }
+    }
+}
+
+/// Reduces canonical arguments (JSON text, or raw text) to a bounded sketch.
+fn sketch_arguments(arguments: &str, max_chars: usize) -> Sketch {
+    let mut budget = Budget {
+        max_chars,
+        chars_left: max_chars.saturating_mul(4),
+    };
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v) => budget.sketch(&v, 0),
+        Err(_) => budget.text(arguments),
+    }
+}
+
+fn string_similarity(a: &str, la: usize, b: &str, lb: usize) -> f64 {
+    if a == b {
+        return 1.0;
+    }
+    let (short, long) = if la < lb { (la, lb) } else { (lb, la) };
+    if short * 2 < long {
+        return 0.0;
+    }
+    strsim::normalized_levenshtein(a, b).max(strsim::jaro_winkler(a, b))
+}
+
+/// Similarity in [0, 1] of two sketches (see the crate docs).
+fn similarity(a: &Sketch, b: &Sketch) -> f64 {
+    match (a, b) {
+        (Sketch::Null, Sketch::Null) => 1.0,
+        (Sketch::Bool(x), Sketch::Bool(y)) => f64::from(u8::from(x == y)),
+        (Sketch::Num(x), Sketch::Num(y)) => f64::from(u8::from(x == y)),
+        (Sketch::Str { text: x, chars: lx }, Sketch::Str { text: y, chars: ly }) => {
+            string_similarity(x, *lx, y, *ly)
+        }
+        (Sketch::Arr(x), Sketch::Arr(y)) => {
+            let n = x.len().max(y.len());
+            if n == 0 {
+                return 1.0;
+            }
+            let sum: f64 = x.iter().zip(y).map(|(p, q)| similarity(p, q)).sum();
+            sum / n as f64
+        }
+        (Sketch::Obj(x), Sketch::Obj(y)) => {
+            let (mut i, mut j, mut union, mut sum) = (0, 0, 0usize, 0.0);
+            while i < x.len() || j < y.len() {
+                union += 1;
+                match (x.get(i), y.get(j)) {
+                    (Some((kx, vx)), Some((ky, vy))) if kx == ky => {
+                        sum += similarity(vx, vy);
+                        i += 1;
+                        j += 1;
+                    }
+                    (Some((kx, _)), Some((ky, _))) if kx < ky => i += 1,
+                    (Some(_), None) => i += 1,
+                    _ => j += 1,
+                }
+            }
+            if union == 0 { 1.0 } else { sum / union as f64 }
+        }
+        _ => 0.0,
+    }
+}
+
+/// FNV-1a, then a finalizer: a stable 64-bit hash.
+fn hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+#[derive(Debug)]
+struct Entry {
+    tool: u64,
+    /// Exact fingerprint, or a hash of the arguments when the host gave none.
+    exact: u64,
+    group: u64,
+    args: Sketch,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    entries: VecDeque<Entry>,
+    last_seen: u64,
+}
+
+/// The detector.
+#[derive(Debug)]
+pub struct Similarity {
+    config: Config,
+    sessions: HashMap<String, Session>,
+    tick: u64,
+}
+
+impl Similarity {
+    /// A detector with `config`.
+    pub fn with_config(config: Config) -> Similarity {
+        Similarity {
+            config,
+            sessions: HashMap::new(),
+            tick: 0,
+        }
+    }
+
+    fn session(&mut self, id: &str) -> &mut Session {
+        self.tick += 1;
+        if !self.sessions.contains_key(id) && self.sessions.len() >= self.config.max_sessions {
+            let oldest = self
+                .sessions
+                .iter()
+                .min_by_key(|(_, s)| s.last_seen)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                self.sessions.remove(&oldest);
+            }
+        }
+        let tick = self.tick;
+        let session = self.sessions.entry(id.to_string()).or_default();
+        session.last_seen = tick;
+        session
+    }
+
+    fn on_call(&mut self, ev: &Event<'_>) -> Option<Detection> {
+        let config = self.config.clone();
+        let tool = hash(&[ev.tool.as_bytes()]);
+        let exact = if ev.exact != 0 {
+            ev.exact
+        } else {
+            hash(&[ev.tool.as_bytes(), ev.arguments.as_bytes()])
+        };
+        let args = sketch_arguments(ev.arguments, config.max_chars);
+        let session = self.session(ev.session);
+
+        let mut best: Option<(f64, u64)> = None;
+        for e in session.entries.iter().filter(|e| e.tool == tool) {
+            let s = if e.exact == exact {
+                1.0
+            } else {
+                similarity(&e.args, &args)
+            };
+            if s >= config.threshold && best.is_none_or(|(b, _)| s > b) {
+                best = Some((s, e.group));
+            }
+        }
+        let group = best.map_or_else(
+            || hash(&[ev.tool.as_bytes(), &exact.to_le_bytes()]),
+            |b| b.1,
+        );
+
+        if session.entries.len() >= config.window {
+            session.entries.pop_front();
+        }
+        session.entries.push_back(Entry {
+            tool,
+            exact,
+            group,
+            args,
+        });
+
+        let members = session.entries.iter().filter(|e| e.group == group);
+        let count = members.clone().count();
+        let all_exact_repeats = members.clone().all(|e| e.exact == exact);
+        if count < config.min_count || all_exact_repeats {
+            return None;
+        }
+        let preview: String = ev.arguments.chars().take(80).collect();
+        let ellipsis = if ev.arguments.chars().nth(80).is_some() {
+            "…"
+        } else {
+            ""
+        };
+        Some(Detection {
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            key: group,
+            message: format!(
+                "`{}` was called {count} times with near-identical arguments in the last {} calls; \
+                 changing the arguments slightly will not give a different result",
+                ev.tool,
+                session.entries.len()
+            ),
+            pattern: format!("{}({preview}{ellipsis}) ≈ ×{count}", ev.tool),
+        })
+    }
+}
+
+impl Detector for Similarity {
+    fn name() -> &'static str {
+        "similarity"
+    }
+
+    fn version() -> &'static str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn config_schema() -> Value {
+        serde_json::json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "loopguard similarity plugin",
+            "type": ["object", "null"],
+            "additionalProperties": false,
+            "properties": {
+                "threshold": {
+                    "type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.8,
+                    "description": "similarity at which two calls' arguments count as the same"
+                },
+                "min_count": {
+                    "type": "integer", "minimum": 2, "default": 3,
+                    "description": "similar calls, this one included, that make a loop"
+                },
+                "window": {
+                    "type": "integer", "minimum": 2, "maximum": 1000, "default": 10,
+                    "description": "recent calls of the session that are compared"
+                },
+                "max_chars": {
+                    "type": "integer", "minimum": 1, "maximum": 4096, "default": 256,
+                    "description": "characters kept per string argument"
+                },
+                "max_sessions": {
+                    "type": "integer", "minimum": 1, "default": 1024,
+                    "description": "sessions remembered at once"
+                }
+            }
+        })
+    }
+
+    fn new(config: Value) -> Result<Self, String> {
+        Ok(Similarity::with_config(Config::from_json(&config)?))
+    }
+
+    fn on_event(&mut self, ev: &Event<'_>) -> Option<Detection> {
+        match ev.kind {
+            EventKind::Call => self.on_call(ev),
+            EventKind::Reset => {
+                self.sessions.remove(ev.session);
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+export_plugin!(Similarity);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call<'a>(tool: &'a str, args: &'a str, exact: u64) -> Event<'a> {
+        let mut ev = Event::new(EventKind::Call, "s");
+        ev.tool = tool;
+        ev.arguments = args;
+        ev.exact = exact;
+        ev
+    }
+
+    fn detector() -> Similarity {
+        Similarity::new(Value::Null).unwrap()
+    }
+
+    #[test]
+    fn near_identical_strings_make_a_loop() {
+        let mut d = detector();
+        let mut hits = Vec::new();
+        for (i, q) in ["foo", "fo0", "f00", "foo "].iter().enumerate() {
+            let args = format!(r#"{{"query":"{q}"}}"#);
+            hits.push(d.on_event(&call("search", &args, i as u64 + 1)));
+        }
+        assert!(hits[0].is_none() && hits[1].is_none());
+        let last = hits[3].as_ref().expect("the fourth call is a loop");
+        assert!(last.count >= 3, "{last:?}");
+        assert!(last.message.contains("`search`"), "{}", last.message);
+        let keys: Vec<u64> = hits.iter().flatten().map(|d| d.key).collect();
+        assert!(keys.windows(2).all(|w| w[0] == w[1]), "one loop, one key");
+    }
+
+    #[test]
+    fn exact_repeats_are_left_to_the_built_in_detectors() {
+        let mut d = detector();
+        for _ in 0..5 {
+            assert!(
+                d.on_event(&call("search", r#"{"query":"foo"}"#, 7))
+                    .is_none()
+            );
+        }
+    }
+
+    #[test]
+    fn paging_is_not_a_loop() {
+        let mut d = detector();
+        for page in 1..=6 {
+            let args = format!(r#"{{"query":"foo","page":{page}}}"#);
+            assert!(
+                d.on_event(&call("search", &args, page)).is_none(),
+                "page {page}"
+            );
+        }
+    }
+
+    #[test]
+    fn different_tools_do_not_mix() {
+        let mut d = detector();
+        for (i, tool) in ["a", "b", "c", "d"].iter().enumerate() {
+            assert!(
+                d.on_event(&call(tool, r#"{"q":"foo"}"#, i as u64))
+                    .is_none()
+            );
+        }
+    }
+
+    #[test]
+    fn unrelated_arguments_are_not_similar() {
+        let mut d = detector();
+        for (i, q) in [
+            "rust borrow checker",
+            "weather in Paris",
+            "sqlite wal mode",
+            "tokio select",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let args = format!(r#"{{"query":"{q}"}}"#);
+            assert!(
+                d.on_event(&call("search", &args, i as u64)).is_none(),
+                "{q}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_window_forgets_old_calls() {
+        let mut d = Similarity::new(serde_json::json!({"window": 3, "min_count": 3})).unwrap();
+        assert!(d.on_event(&call("s", r#"{"q":"foo"}"#, 1)).is_none());
+        assert!(d.on_event(&call("s", r#"{"q":"fooo"}"#, 2)).is_none());
+        for (i, tool) in ["t1", "t2", "t3"].into_iter().enumerate() {
+            assert!(d.on_event(&call(tool, "{}", i as u64 + 3)).is_none());
+        }
+        assert!(d.on_event(&call("s", r#"{"q":"foo "}"#, 9)).is_none());
+    }
+
+    #[test]
+    fn reset_forgets_the_session() {
+        let mut d = detector();
+        d.on_event(&call("s", r#"{"q":"foo"}"#, 1));
+        d.on_event(&call("s", r#"{"q":"fo0"}"#, 2));
+        d.on_event(&Event::new(EventKind::Reset, "s"));
+        assert!(d.on_event(&call("s", r#"{"q":"foo "}"#, 3)).is_none());
+    }
+
+    #[test]
+    fn sessions_are_bounded() {
+        let mut d = Similarity::new(serde_json::json!({"max_sessions": 2})).unwrap();
+        for s in ["a", "b", "c", "d"] {
+            let mut ev = call("t", "{}", 1);
+            ev.session = s;
+            d.on_event(&ev);
+        }
+        assert_eq!(d.sessions.len(), 2);
+        assert!(d.sessions.contains_key("d"));
+    }
+
+    #[test]
+    fn strings_are_capped() {
+        let long = "x".repeat(10_000);
+        let s = sketch_arguments(&format!(r#"{{"a":"{long}","b":"{long}"}}"#), 256);
+        let Sketch::Obj(fields) = s else {
+            panic!("an object")
+        };
+        let lens: Vec<usize> = fields
+            .iter()
+            .map(|(_, v)| match v {
+                Sketch::Str { chars, .. } => *chars,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(lens, vec![256, 256]);
+        let total = sketch_arguments(
+            &serde_json::to_string(&vec![long.as_str(); 10]).unwrap(),
+            256,
+        );
+        let Sketch::Arr(items) = total else {
+            panic!("an array")
+        };
+        let kept: usize = items
+            .iter()
+            .map(|v| match v {
+                Sketch::Str { chars, .. } => *chars,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(kept, 1024, "4 × max_chars per call");
+    }
+
+    #[test]
+    fn object_similarity_is_the_share_of_similar_fields() {
+        let a = sketch_arguments(r#"{"q":"foo","page":1}"#, 256);
+        let b = sketch_arguments(r#"{"q":"foo","page":2}"#, 256);
+        assert!((similarity(&a, &b) - 0.5).abs() < 1e-9);
+        let c = sketch_arguments(r#"{"q":"foo","extra":true}"#, 256);
+        let d = sketch_arguments(r#"{"q":"foo"}"#, 256);
+        assert!((similarity(&c, &d) - 0.5).abs() < 1e-9);
+        assert_eq!(similarity(&a, &a), 1.0);
+    }
+
+    #[test]
+    fn raw_text_arguments_are_compared_as_text() {
+        let a = sketch_arguments("ls -la /tmp", 256);
+        let b = sketch_arguments("ls -la /tmp ", 256);
+        assert_eq!(similarity(&a, &b), 1.0);
+    }
+
+    #[test]
+    fn config_is_checked() {
+        assert!(Similarity::new(serde_json::json!({"min_count": 20, "window": 5})).is_err());
+        assert!(Similarity::new(serde_json::json!({"threshold": 0})).is_err());
+        let c = Config::from_json(&serde_json::json!({"threshold": 0.9, "window": 20})).unwrap();
+        assert_eq!((c.threshold, c.window, c.min_count), (0.9, 20, 3));
+    }
+}
