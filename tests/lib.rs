@@ -19,6 +19,7 @@ pub const PLUGINS: &[&str] = &[
     "loopguard-plugin-bad-status",
     "loopguard-plugin-similarity",
     "loopguard-plugin-results",
+    "loopguard-plugin-llm-judge",
 ];
 
 /// The workspace root.

@@ -8,8 +8,9 @@ use std::sync::{Arc, RwLock};
 use loopguard_rules::{Config, Detectors, Ladder};
 
 use crate::fingerprint::{FingerprintRules, ToolKeys};
-use crate::hash::StreamHasher;
+use crate::hash::MapHasher;
 use crate::normalize::ResultRules;
+use crate::plugins::Plugins;
 
 /// Tools beyond this many distinct names are not cached (they share the last id).
 const MAX_TOOLS: usize = u16::MAX as usize;
@@ -28,7 +29,7 @@ pub struct ToolInfo {
 
 #[derive(Debug, Default)]
 struct ToolTable {
-    by_name: HashMap<Box<str>, u16, BuildHasherDefault<StreamHasher>>,
+    by_name: HashMap<Box<str>, u16, BuildHasherDefault<MapHasher>>,
     infos: Vec<Arc<ToolInfo>>,
 }
 
@@ -36,19 +37,58 @@ struct ToolTable {
 #[derive(Debug)]
 pub struct CompiledRules {
     pub(crate) config: Config,
-    pub(crate) fingerprint: FingerprintRules,
-    pub(crate) results: ResultRules,
-    tools: RwLock<ToolTable>,
+    // What settings never change is shared by every variant of one engine's rules (see
+    // [`CompiledRules::with_settings`]): the tool table above all, so that a session whose
+    // settings change keeps tool ids that mean the same tools.
+    pub(crate) fingerprint: Arc<FingerprintRules>,
+    pub(crate) results: Arc<ResultRules>,
+    tools: Arc<RwLock<ToolTable>>,
+    /// Detector plugins (none without the `plugins` feature).
+    pub(crate) plugins: Arc<Plugins>,
 }
 
 impl CompiledRules {
     pub fn new(config: Config) -> CompiledRules {
         CompiledRules {
-            fingerprint: FingerprintRules::from_config(&config),
-            results: ResultRules::from_config(&config),
+            fingerprint: Arc::new(FingerprintRules::from_config(&config)),
+            results: Arc::new(ResultRules::from_config(&config)),
             config,
-            tools: RwLock::new(ToolTable::default()),
+            tools: Arc::default(),
+            plugins: Arc::default(),
         }
+    }
+
+    /// A variant of these rules with run-time settings applied over their configuration (the
+    /// session tier, see [`loopguard_rules::tiers`]). Settings only change thresholds, the TTL,
+    /// the ladder and whether detection runs, so the variant shares the fingerprint and result
+    /// rules, the tool table (tool ids mean the same tools in every variant) and the plugins.
+    pub fn with_settings(&self, settings: &loopguard_rules::Settings) -> CompiledRules {
+        let mut config = self.config.clone();
+        settings.apply(&mut config);
+        CompiledRules {
+            config,
+            fingerprint: Arc::clone(&self.fingerprint),
+            results: Arc::clone(&self.results),
+            tools: Arc::clone(&self.tools),
+            plugins: Arc::clone(&self.plugins),
+        }
+    }
+
+    /// Compiled rules that also run detector plugins.
+    #[cfg(feature = "plugins")]
+    pub fn with_plugins(
+        config: Config,
+        plugins: Vec<crate::plugins::LoadedPlugin>,
+    ) -> CompiledRules {
+        CompiledRules {
+            plugins: Arc::new(Plugins::new(plugins)),
+            ..CompiledRules::new(config)
+        }
+    }
+
+    /// The detector plugins that run.
+    pub fn plugins(&self) -> &Plugins {
+        &self.plugins
     }
 
     pub fn config(&self) -> &Config {

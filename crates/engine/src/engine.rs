@@ -1,39 +1,175 @@
 //! The [`Engine`]: many sessions, sharded behind mutexes, usable from many threads.
+//!
+//! # Configuration tiers
+//!
+//! Lowest first: the policy file → server-level settings (`LOOPGUARD_*`, give them to
+//! [`Engine::with_settings`] or resolve the [`Config`] with [`Policy::resolve_with`]) → the
+//! policy's overrides matched by (backend, model) → the session's own settings
+//! ([`Engine::set_session_settings`]). A key a tier leaves unset falls through to the tier below.
+//! The effective configuration is resolved when a session starts or its settings change, never
+//! per event: the engine compiles the rules once per distinct session [`Settings`] and each
+//! session holds the compiled rules of its tier.
+//!
+//! # Scopes
+//!
+//! Sessions are the default scope. A session may also be a worker of a group (a swarm on one
+//! task, [`Engine::join_group`]): each of its calls is then recorded in the engine's
+//! [`GroupStore`] (in memory by default; Redis with the `redis` feature, see [`crate::store`]),
+//! and a fingerprint repeated `group.threshold` times by at least `group.min_workers` workers is
+//! a `group_loop` that climbs the policy's `group.ladder` for every worker that continues it.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use loopguard_rules::{Config, Policy};
+use loopguard_rules::{Config, Policy, Settings};
+use loopguard_store::{GroupStore, MemoryStore, StoreStatus};
 
 use crate::compiled::CompiledRules;
 use crate::event::Event;
-use crate::hash::{StreamHasher, hash_str};
+use crate::hash::{MapHasher, hash_str};
 use crate::session::Session;
+use crate::snapshot::{self, SnapshotError};
 use crate::verdict::Verdict;
 
 const SHARDS: usize = 16;
 
-type Shard = HashMap<Box<str>, Session, BuildHasherDefault<StreamHasher>>;
+type Shard = HashMap<Box<str>, Session, BuildHasherDefault<MapHasher>>;
+
+/// Distinct session settings whose compiled rules no session uses any more are dropped once
+/// the engine holds more than this many.
+const MAX_VARIANTS: usize = 32;
 
 /// Sessions by id, each observed under its shard's lock.
 #[derive(Debug)]
 pub struct Engine {
+    /// The rules of sessions with no settings of their own.
     rules: Arc<CompiledRules>,
+    /// The rules compiled for each distinct session settings tier.
+    variants: Mutex<Vec<(Settings, Arc<CompiledRules>)>>,
+    store: Arc<dyn GroupStore>,
+    /// The engine's store when it is in memory: its state goes into [`Engine::snapshot`].
+    memory: Option<Arc<MemoryStore>>,
     shards: Box<[Mutex<Shard>]>,
 }
 
 impl Engine {
+    /// An engine for a resolved configuration: [`Policy::resolve`], or
+    /// [`Policy::resolve_with`] to apply server-level settings beneath the policy's overrides.
+    /// Group counters are kept in memory (see [`Engine::with_store`]).
     pub fn new(config: Config) -> Engine {
+        Engine::compiled(CompiledRules::new(config))
+    }
+
+    fn compiled(rules: CompiledRules) -> Engine {
+        let memory = Arc::new(MemoryStore::default());
         Engine {
-            rules: Arc::new(CompiledRules::new(config)),
+            rules: Arc::new(rules),
+            variants: Mutex::new(Vec::new()),
+            store: Arc::clone(&memory) as Arc<dyn GroupStore>,
+            memory: Some(memory),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
         }
     }
 
+    /// An engine for a policy, a backend and a model, with server-level settings (the
+    /// `LOOPGUARD_*` tier, e.g. from [`Settings::from_env`]) beneath the policy's matching
+    /// overrides: `Engine::new(policy.resolve_with(backend, model, server))`.
+    pub fn with_settings(
+        policy: &Policy,
+        backend: Option<&str>,
+        model: Option<&str>,
+        server: &Settings,
+    ) -> Engine {
+        Engine::new(policy.resolve_with(backend, model, server))
+    }
+
+    /// Keeps group counters in `store` (e.g. a `RedisStore` shared by several hosts) instead of
+    /// the engine's own memory. Sessions that already joined a group move to it.
+    pub fn with_store(mut self, store: Arc<dyn GroupStore>) -> Engine {
+        self.store = store;
+        self.memory = None;
+        self.move_members();
+        self
+    }
+
+    /// Keeps group counters in this in-memory store (e.g. one with other bounds); its state is
+    /// part of [`Engine::snapshot`].
+    pub fn with_memory_store(mut self, store: Arc<MemoryStore>) -> Engine {
+        self.store = Arc::clone(&store) as Arc<dyn GroupStore>;
+        self.memory = Some(store);
+        self.move_members();
+        self
+    }
+
+    fn move_members(&self) {
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for s in map.values_mut() {
+                s.set_store(&self.store);
+            }
+        }
+    }
+
+    /// The store of group counters.
+    pub fn store(&self) -> &Arc<dyn GroupStore> {
+        &self.store
+    }
+
+    /// The health of the group store: for Redis, whether it is reachable, how many exchanges
+    /// failed (`errors`), how stale the shared counts may be.
+    pub fn store_status(&self) -> StoreStatus {
+        self.store.status()
+    }
+
     /// An engine for a policy with no backend or model override applied.
+    ///
+    /// It runs no plugins, even when the policy names some: see `Engine::with_plugins` (feature
+    /// `plugins`).
     pub fn from_policy(policy: &Policy) -> Engine {
         Engine::new(policy.resolve(None, None))
+    }
+
+    /// An engine that also runs detector plugins; their detections climb the same ladders as
+    /// the built-in detectors' (see [`crate::plugins`]). Load the plugins a policy names with
+    /// [`crate::load_plugins`].
+    #[cfg(feature = "plugins")]
+    pub fn with_plugins(config: Config, plugins: Vec<crate::plugins::LoadedPlugin>) -> Engine {
+        Engine::compiled(CompiledRules::with_plugins(config, plugins))
+    }
+
+    /// An engine for a policy (no backend or model override) running every enabled plugin the
+    /// policy names; every plugin that fails to load is reported.
+    #[cfg(feature = "plugins")]
+    pub fn from_policy_with_plugins(
+        policy: &Policy,
+    ) -> Result<Engine, Vec<crate::plugins::PluginLoadError>> {
+        let plugins = crate::plugins::load_plugins(policy)?;
+        Ok(Engine::with_plugins(policy.resolve(None, None), plugins))
+    }
+
+    /// The plugins this engine runs, in policy order.
+    #[cfg(feature = "plugins")]
+    pub fn plugins(&self) -> &[crate::plugins::LoadedPlugin] {
+        self.rules.plugins.list()
+    }
+
+    /// Waits until every plugin's background work (e.g. a model consulted asynchronously) has
+    /// finished or `timeout` passed; the results apply at each plugin's next event. Replays call
+    /// this after every event so they are deterministic.
+    #[cfg(feature = "plugins")]
+    pub fn wait_plugins_idle(&self, timeout: std::time::Duration) {
+        for p in self.plugins() {
+            p.plugin().wait_idle(timeout);
+        }
+    }
+
+    /// Whether any plugin does background work (see [`Engine::wait_plugins_idle`]).
+    #[cfg(feature = "plugins")]
+    pub fn has_background_plugins(&self) -> bool {
+        self.plugins()
+            .iter()
+            .any(|p| p.plugin().has_background_work())
     }
 
     pub fn rules(&self) -> &Arc<CompiledRules> {
@@ -61,6 +197,184 @@ impl Engine {
         v
     }
 
+    /// Sets a session's own settings tier, replacing the one it had (the session starts if it
+    /// did not exist). Keys left unset fall through to the tiers below (the policy's overrides,
+    /// the server settings, the policy), so an empty `Settings` removes the tier. The session's
+    /// rules are resolved here, once: compiled once per distinct settings and shared by every
+    /// session with the same ones. The window keeps its newest calls and the session its loop
+    /// counters.
+    ///
+    /// A `mode` naming a ladder the policy does not define is ignored, and `max_repeats` is kept
+    /// within 2 to 1000 (what [`Settings::set`] accepts).
+    pub fn set_session_settings(&self, session: &str, settings: Settings) {
+        let settings = self.sanitize(settings);
+        let rules = self.rules_for(&settings);
+        let mut shard = self.shard(session);
+        match shard.get_mut(session) {
+            Some(s) => s.set_rules(rules, settings),
+            None => {
+                let mut s = Session::new(Arc::clone(&self.rules));
+                s.set_rules(rules, settings);
+                shard.insert(session.into(), s);
+            }
+        }
+    }
+
+    /// A session's own settings tier (empty when it has none, or does not exist).
+    pub fn session_settings(&self, session: &str) -> Settings {
+        self.with_session(session, Session::settings)
+            .unwrap_or_default()
+    }
+
+    fn sanitize(&self, mut settings: Settings) -> Settings {
+        if settings
+            .mode
+            .as_ref()
+            .is_some_and(|m| !self.rules.config.ladders.contains_key(m))
+        {
+            settings.mode = None;
+        }
+        settings.max_repeats = settings.max_repeats.map(|n| n.clamp(2, 1000));
+        settings
+    }
+
+    /// The rules for a session settings tier: the engine's own for an empty one, else compiled
+    /// once per distinct settings.
+    pub(crate) fn rules_for(&self, settings: &Settings) -> Arc<CompiledRules> {
+        if settings.is_empty() {
+            return Arc::clone(&self.rules);
+        }
+        let mut variants = self.variants.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, r)) = variants.iter().find(|(s, _)| s == settings) {
+            return Arc::clone(r);
+        }
+        if variants.len() >= MAX_VARIANTS {
+            // Only the engine holds them: no session uses these settings any more.
+            variants.retain(|(_, r)| Arc::strong_count(r) > 1);
+        }
+        let rules = Arc::new(self.rules.with_settings(settings));
+        variants.push((settings.clone(), Arc::clone(&rules)));
+        rules
+    }
+
+    /// Makes a session a worker of a group (a swarm on one task); the session starts if it did
+    /// not exist. `worker` names the worker across hosts (two sessions with the same worker name
+    /// count as one worker); joining another group leaves the first.
+    pub fn join_group(&self, session: &str, group: &str, worker: &str) {
+        let mut shard = self.shard(session);
+        match shard.get_mut(session) {
+            Some(s) => s.join(group, worker, Arc::clone(&self.store)),
+            None => {
+                let mut s = Session::new(Arc::clone(&self.rules));
+                s.join(group, worker, Arc::clone(&self.store));
+                shard.insert(session.into(), s);
+            }
+        }
+    }
+
+    /// Takes a session out of its group (its calls are no longer counted for the swarm).
+    pub fn leave_group(&self, session: &str) {
+        if let Some(s) = self.shard(session).get_mut(session) {
+            s.leave();
+        }
+    }
+
+    /// Forgets a group's counters (the swarm completed), in the store and in the escalation
+    /// counters of its workers on this engine.
+    pub fn clear_group(&self, group: &str) {
+        self.store.clear_group(group);
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for s in map.values_mut() {
+                s.group_cleared(group);
+            }
+        }
+    }
+
+    /// A session's state as a JSON snapshot (see [`crate::snapshot`]); `None` when the session
+    /// does not exist.
+    pub fn snapshot_session(&self, id: &str) -> Option<serde_json::Value> {
+        self.with_session(id, |s| snapshot::seal(&s.to_snapshot()))
+    }
+
+    /// Restores a session from [`Engine::snapshot_session`], replacing the session of that id.
+    /// The snapshot is checked first: an invalid one changes nothing. A session that was a worker
+    /// of a group is one again, counting in this engine's store.
+    pub fn restore_session(
+        &self,
+        id: &str,
+        snapshot: &serde_json::Value,
+    ) -> Result<(), SnapshotError> {
+        let body: snapshot::SessionV1 = snapshot::body(snapshot::open(snapshot)?)?;
+        let session = self.session_from(id, &body)?;
+        self.shard(id).insert(id.into(), session);
+        Ok(())
+    }
+
+    fn session_from(&self, id: &str, body: &snapshot::SessionV1) -> Result<Session, SnapshotError> {
+        let settings = body.settings.to_settings();
+        if let Some(mode) = &settings.mode
+            && !self.rules.config.ladders.contains_key(mode)
+        {
+            return Err(SnapshotError::Invalid {
+                session: id.to_owned(),
+                reason: format!(
+                    "its settings name the ladder `{mode}`, which the policy does not define"
+                ),
+            });
+        }
+        let settings = self.sanitize(settings);
+        let rules = self.rules_for(&settings);
+        Session::from_snapshot(id, body, rules, settings, &self.store)
+    }
+
+    /// Every session, and the group state when the engine keeps it in memory, as one JSON
+    /// snapshot (see [`crate::snapshot`]).
+    pub fn snapshot(&self) -> serde_json::Value {
+        let mut sessions = std::collections::BTreeMap::new();
+        for shard in self.shards.iter() {
+            let map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (id, s) in map.iter() {
+                sessions.insert(id.to_string(), s.to_snapshot());
+            }
+        }
+        let groups = self
+            .memory
+            .as_ref()
+            .and_then(|m| serde_json::to_value(m.snapshot()).ok());
+        snapshot::seal(&snapshot::EngineV1 { sessions, groups })
+    }
+
+    /// Restores an [`Engine::snapshot`]: its sessions replace the sessions of the same ids (others
+    /// are kept) and its group state replaces the in-memory store's. Everything is checked first:
+    /// an invalid snapshot changes nothing. Returns how many sessions were restored.
+    pub fn restore(&self, snapshot: &serde_json::Value) -> Result<usize, SnapshotError> {
+        let body: snapshot::EngineV1 = snapshot::body(snapshot::open(snapshot)?)?;
+        let mut sessions = Vec::with_capacity(body.sessions.len());
+        for (id, s) in &body.sessions {
+            sessions.push((id.as_str(), self.session_from(id, s)?));
+        }
+        if let Some(groups) = &body.groups {
+            let groups = loopguard_store::GroupSnapshot::from_json(&groups.to_string())?;
+            match &self.memory {
+                Some(memory) => {
+                    memory.restore(&groups)?;
+                }
+                None if groups.groups().is_empty() => {}
+                None => {
+                    return Err(SnapshotError::GroupStoreNotInMemory {
+                        groups: groups.groups().len(),
+                    });
+                }
+            }
+        }
+        let restored = sessions.len();
+        for (id, s) in sessions {
+            self.shard(id).insert(id.into(), s);
+        }
+        Ok(restored)
+    }
+
     /// Runs `f` on a session's state, if the session exists.
     pub fn with_session<T>(&self, id: &str, f: impl FnOnce(&Session) -> T) -> Option<T> {
         self.shard(id).get(id).map(f)
@@ -86,7 +400,14 @@ impl Engine {
         for shard in self.shards.iter() {
             let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
             let before = map.len();
-            map.retain(|_, s| now_ms.saturating_sub(s.last_event_ms()) < idle);
+            map.retain(|id, s| {
+                let keep = now_ms.saturating_sub(s.last_event_ms()) < idle;
+                if !keep {
+                    // Plugins keep their own per-session state: let them forget it too.
+                    let _ = self.rules.plugins.reset(id, now_ms);
+                }
+                keep
+            });
             evicted += before - map.len();
         }
         evicted

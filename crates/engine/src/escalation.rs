@@ -68,6 +68,29 @@ impl Loops {
     pub fn capacity_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<LoopEntry>()
     }
+
+    /// The counters as `(loop key, repeat, occasion)`, in their order (for snapshots).
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
+        self.entries.iter().map(|e| (e.key, e.repeat, e.occasion))
+    }
+
+    /// Counters from [`Loops::entries`]; at most the most recent `MAX_LOOPS` are kept.
+    pub fn from_entries(entries: impl IntoIterator<Item = (u64, u32, u64)>) -> Loops {
+        let mut entries: Vec<LoopEntry> = entries
+            .into_iter()
+            .map(|(key, repeat, occasion)| LoopEntry {
+                key,
+                repeat,
+                occasion,
+            })
+            .collect();
+        let extra = entries.len().saturating_sub(MAX_LOOPS);
+        entries.drain(..extra);
+        Loops { entries }
+    }
+
+    /// How many loops at most a session remembers.
+    pub const CAPACITY: usize = MAX_LOOPS;
 }
 
 /// The detector's own ladder choice.
@@ -85,6 +108,8 @@ pub fn detector_ladder(d: &Detectors, det: Det) -> Option<&str> {
         Det::TextRepeat => d.text_repeat.ladder.as_deref(),
         Det::Chanting => d.chanting.ladder.as_deref(),
         Det::UnknownTool => d.unknown_tool.ladder.as_deref(),
+        // The group ladder is in the policy's `group` section: see [`decide`].
+        Det::GroupLoop => None,
     }
 }
 
@@ -108,7 +133,10 @@ pub fn decide<'r>(
     occasion: u64,
 ) -> Option<Decision<'r>> {
     let repeat = loops.prospective(d.loop_key(), occasion)?;
-    let own = detector_ladder(rules.detectors(category), d.det);
+    let own = match d.det {
+        Det::GroupLoop => Some(rules.config.group.ladder.as_str()),
+        det => detector_ladder(rules.detectors(category), det),
+    };
     let (name, ladder) = rules.ladder(category, own);
     let step = ladder.and_then(|l: &Ladder| {
         let s = l.step(repeat, flags)?;
@@ -138,6 +166,9 @@ pub struct Vars<'a> {
     pub file: &'a str,
     pub flags: u32,
     pub action: &'a str,
+    /// Distinct workers of the swarm that made the call (group loops); 1 for a session's own
+    /// loops.
+    pub workers: u32,
 }
 
 /// The message used when a ladder step has none.
@@ -199,6 +230,7 @@ fn placeholder(out: &mut String, name: &str, v: &Vars<'_>) -> bool {
         "file" => out.write_str(v.file),
         "flags" => write!(out, "{}", v.flags),
         "action" => out.write_str(v.action),
+        "workers" => write!(out, "{}", v.workers),
         _ => return false,
     };
     true
@@ -221,6 +253,7 @@ mod tests {
             file: "a.rs",
             flags: 1,
             action: "warn",
+            workers: 1,
         }
     }
 

@@ -1,16 +1,23 @@
 //! Call fingerprints: an exact key (tool + canonical arguments) and a fuzzy key (tool + primary
 //! arguments, with shell normalization).
 //!
-//! Arguments are walked and fed straight into a [`StreamHasher`]; no canonical string is ever
-//! built. Object members are hashed one by one and summed, so member order never matters (and
-//! does not depend on how `serde_json` stores maps). Both keys are computed once per call event.
+//! No canonical form of the arguments is ever built. Each string is hashed once, as it is, when
+//! it is already canonical (the common case, checked a word at a time), else after its
+//! canonical form is written to a reused per-thread buffer; a structure's hash is mixed from
+//! the hashes of its parts. Object members are hashed one by one and summed, so member order
+//! never matters (and does not depend on how `serde_json` stores maps). One pass over the
+//! top-level members feeds the exact key, the fuzzy key, the shell command and the read-tool
+//! path, so each member (and each key) is hashed once per call event.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use globset::GlobMatcher;
 use regex::Regex;
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 use crate::event::Arguments;
-use crate::hash::{StreamHasher, combine, hash_str, tag};
+use crate::hash::{combine, hash_bytes, mix, tag};
 
 /// Canonicalization settings, compiled once from the policy.
 #[derive(Clone, Debug)]
@@ -33,6 +40,10 @@ pub struct ShellRules {
     pub(crate) file_operation_commands: Vec<Box<str>>,
     pub(crate) wait_commands: Vec<Box<str>>,
     pub(crate) complex_operators: Vec<Box<str>>,
+    /// The first bytes of the complex operators (bit `b % 64` of word `b / 64`).
+    pub(crate) operator_starts: [u64; 4],
+    /// An empty complex operator: every command is complex.
+    pub(crate) empty_operator: bool,
 }
 
 /// What fingerprinting needs to know about one tool, decided once per tool name.
@@ -47,6 +58,82 @@ pub struct ToolKeys {
     /// A plain file-reading tool (`read_file`, `view`, …): a call with only a path collapses to
     /// the same fuzzy key as `cat <path>`.
     pub read_tool: bool,
+    /// Every key with a role for this tool (primary, volatile, shell command), so that each
+    /// argument key is looked up once; `role[i]` is the role of the i-th key of `roles`.
+    roles: KeySet,
+    role: Vec<Role>,
+    /// Shell tools: the test-run patterns' recent answers.
+    tests: TestMemo,
+}
+
+/// Recent answers of the test-run patterns (regexes, the most expensive thing a call event
+/// runs) for one shell tool's commands, shared by every session. Each slot holds a 63-bit tag
+/// of a command's hash and the answer in its low bit; a slot is overwritten by the next
+/// command that maps to it, so the memo stays small and never needs a lock.
+#[derive(Debug, Default)]
+struct TestMemo {
+    slots: Box<[AtomicU64]>,
+}
+
+/// Slots of a shell tool's [`TestMemo`].
+const TEST_MEMO_SLOTS: usize = 64;
+
+impl Clone for TestMemo {
+    fn clone(&self) -> TestMemo {
+        TestMemo::new(self.slots.len())
+    }
+}
+
+impl TestMemo {
+    fn new(slots: usize) -> TestMemo {
+        TestMemo {
+            slots: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Whether a (trimmed) command matches one of the patterns. The memo is keyed by the
+    /// command's bytes and by which pattern list is asked (the engine always asks a tool with
+    /// the same list: its category's).
+    fn is_test(&self, cmd: &str, patterns: &[Regex]) -> bool {
+        let run = || patterns.iter().any(|r| r.is_match(cmd));
+        if patterns.is_empty() || self.slots.is_empty() {
+            return run();
+        }
+        let list = mix(patterns.as_ptr() as usize as u64, patterns.len() as u64);
+        // Never 0, the empty slot.
+        let tag = (hash_bytes(list, cmd.as_bytes()) | 2) & !1;
+        let Some(slot) = self.slots.get((tag >> 40) as usize % self.slots.len()) else {
+            return run();
+        };
+        let seen = slot.load(Ordering::Relaxed);
+        if seen & !1 == tag {
+            return seen & 1 == 1;
+        }
+        let found = run();
+        slot.store(tag | u64::from(found), Ordering::Relaxed);
+        found
+    }
+}
+
+/// What an argument key means for one tool.
+#[derive(Clone, Copy, Debug, Default)]
+struct Role {
+    primary: bool,
+    volatile: bool,
+    /// Its position among the shell's command keys (shell tools only).
+    command: Option<usize>,
+}
+
+impl ToolKeys {
+    /// The role of an argument key (hashed with `key_hash`).
+    #[inline]
+    fn role(&self, h: u64, k: &str) -> Role {
+        self.roles
+            .position_hashed(h, k)
+            .and_then(|i| self.role.get(i))
+            .copied()
+            .unwrap_or_default()
+    }
 }
 
 /// The keys of one call.
@@ -83,48 +170,220 @@ const PATH_KEYS: &[&str] = &[
 ];
 /// Flags of file-read commands that take a value (`head -n 20 f`).
 const VALUE_FLAGS: &[&str] = &["-n", "-c", "--lines", "--bytes"];
+/// Mixed into the fuzzy key of a call with primary arguments.
+const FUZZY_TAG: u64 = 0x00f0_22e7;
+/// Seeds the ordered member chain of objects when keys are not sorted.
+const ORDERED: u64 = 0x6f72_6465_7265_6421;
+/// Seeds tool-name hashes.
+const TOOL: u64 = 0x746f_6f6c_6e61_6d65;
+/// Scratch buffers larger than this are not kept.
+const SCRATCH_KEEP: usize = 1 << 16;
+
+thread_local! {
+    /// Where non-canonical strings are canonicalized before hashing.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 fn contains(list: &[Box<str>], s: &str) -> bool {
     list.iter().any(|k| &**k == s)
 }
 
-/// A small set of argument keys, checked by hash first (one hash, then integer compares).
-#[derive(Clone, Debug, Default)]
-pub struct KeySet {
-    /// A two-bit Bloom filter over the key hashes: most non-members are rejected by it.
-    bloom: u128,
-    keys: Vec<(u64, Box<str>)>,
+/// Hash of an argument key, as used by [`KeySet`] and the member hashes.
+#[inline]
+fn key_hash(k: &str) -> u64 {
+    hash_bytes(tag::KEY, k.as_bytes())
 }
 
-fn bloom_bits(h: u64) -> u128 {
-    (1u128 << (h & 127)) | (1u128 << ((h >> 7) & 127))
+/// A small set of argument keys, found by hash in a small open-addressing table (at most a
+/// quarter full, so most probes end at once), each hit confirmed against the key's bytes kept
+/// beside its hash.
+#[derive(Clone, Debug, Default)]
+pub struct KeySet {
+    /// The keys, in the order they were first given.
+    keys: Vec<Box<str>>,
+    entries: Vec<Entry>,
+    /// 1 + an index into `keys` and `entries`, 0 for an empty slot; a power-of-two length.
+    slots: Box<[u16]>,
+}
+
+/// A key's hash, and its bytes when it is short (most are), in one place.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    hash: u64,
+    /// Length of a key of at most 16 bytes; `u8::MAX` for a longer one.
+    len: u8,
+    bytes: [u8; 16],
 }
 
 impl KeySet {
     pub fn new<'s>(keys: impl IntoIterator<Item = &'s str>) -> KeySet {
-        let mut set = KeySet::default();
+        let mut list: Vec<Box<str>> = Vec::new();
         for k in keys {
-            if !set.contains(k) {
-                let h = hash_str(k);
-                set.bloom |= bloom_bits(h);
-                set.keys.push((h, k.into()));
+            if list.len() < usize::from(u16::MAX / 4) && !list.iter().any(|x| &**x == k) {
+                list.push(k.into());
             }
         }
-        set
+        let entries: Vec<Entry> = list
+            .iter()
+            .map(|k| {
+                let mut bytes = [0u8; 16];
+                let len = match bytes.get_mut(..k.len()) {
+                    Some(b) => {
+                        b.copy_from_slice(k.as_bytes());
+                        k.len() as u8
+                    }
+                    None => u8::MAX,
+                };
+                Entry {
+                    hash: key_hash(k),
+                    len,
+                    bytes,
+                }
+            })
+            .collect();
+        let size = (4 * list.len()).next_power_of_two().max(8);
+        let mut slots = vec![0u16; size].into_boxed_slice();
+        for (i, e) in entries.iter().enumerate() {
+            let mut j = slot_of(e.hash, size);
+            while slots[j] != 0 {
+                j = (j + 1) & (size - 1);
+            }
+            slots[j] = i as u16 + 1;
+        }
+        KeySet {
+            keys: list,
+            entries,
+            slots,
+        }
     }
 
     pub fn contains(&self, k: &str) -> bool {
-        !self.keys.is_empty() && self.contains_hashed(hash_str(k), k)
+        !self.keys.is_empty() && self.position_hashed(key_hash(k), k).is_some()
     }
 
-    fn contains_hashed(&self, h: u64, k: &str) -> bool {
-        let bits = bloom_bits(h);
-        self.bloom & bits == bits && self.keys.iter().any(|(x, s)| *x == h && &**s == k)
+    /// The position of a key (hashed with `key_hash`) among the set's keys.
+    #[inline(always)]
+    fn position_hashed(&self, h: u64, k: &str) -> Option<usize> {
+        let size = self.slots.len();
+        let mut j = slot_of(h, size);
+        // The table is at most a quarter full: an empty slot ends every probe sequence.
+        for _ in 0..size {
+            let i = usize::from(*self.slots.get(j)?).checked_sub(1)?;
+            if let Some(e) = self.entries.get(i)
+                && e.hash == h
+                && match e.bytes.get(..usize::from(e.len)) {
+                    Some(short) => same_key(short, k.as_bytes()),
+                    None => self.keys.get(i).is_some_and(|x| **x == *k),
+                }
+            {
+                return Some(i);
+            }
+            j = (j + 1) & (size - 1);
+        }
+        None
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &str> {
-        self.keys.iter().map(|(_, s)| &**s)
+        self.keys.iter().map(|s| &**s)
     }
+}
+
+/// The first table slot of a key hash.
+#[inline]
+fn slot_of(h: u64, size: usize) -> usize {
+    (h >> 32) as usize & (size - 1)
+}
+
+/// `a == b` for argument keys, which are short: compared in one or two overlapping word loads
+/// rather than through a `memcmp` call.
+#[inline]
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], i: usize| {
+        s.get(i..)
+            .and_then(<[u8]>::first_chunk::<8>)
+            .map(|c| u64::from_le_bytes(*c))
+    };
+    let half = |s: &[u8], i: usize| {
+        s.get(i..)
+            .and_then(<[u8]>::first_chunk::<4>)
+            .map(|c| u32::from_le_bytes(*c))
+    };
+    match n {
+        0..4 => a == b,
+        4..8 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
+    }
+}
+
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `w` that equals `b` (exact).
+#[inline]
+fn eq_bytes(w: u64, b: u8) -> u64 {
+    let x = w ^ (LO * u64::from(b));
+    !(((x & !HI).wrapping_add(!HI)) | x) & HI
+}
+
+/// A word-at-a-time check that `s` is already in canonical form: printable ASCII with single
+/// inner spaces and none at the ends; for a path also no `\`, no `//` and no leading `./`.
+/// Never true for a string that is not canonical; may be false for some that are (control
+/// characters), which the exact checks then decide.
+pub(crate) fn plain(s: &[u8], path: bool) -> bool {
+    let (Some(&first), Some(&last)) = (s.first(), s.last()) else {
+        return true;
+    };
+    if first == b' ' || last == b' ' || (path && s.starts_with(b"./")) {
+        return false;
+    }
+    // Per word: the flags of what is never plain, and the spaces and slashes (high bits).
+    let check = |w: u64| {
+        // Control characters and non-ASCII bytes.
+        let mut bad = (w.wrapping_sub(LO * 0x20) & !w & HI) | (w & HI);
+        let sp = eq_bytes(w, b' ');
+        bad |= sp & (sp >> 8);
+        let sl = if path {
+            let sl = eq_bytes(w, b'/');
+            bad |= eq_bytes(w, b'\\') | (sl & (sl >> 8));
+            sl
+        } else {
+            0
+        };
+        (bad, sp, sl)
+    };
+    let n = s.len();
+    if n < 8 {
+        let mut w = [b'a'; 8];
+        if let Some(head) = w.get_mut(..n) {
+            head.copy_from_slice(s);
+        }
+        return check(u64::from_le_bytes(w)).0 == 0;
+    }
+    let mut bad = 0u64;
+    // The previous word's last byte was a space (or a slash): bit 0.
+    let (mut carry_space, mut carry_slash) = (0u64, 0u64);
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(c);
+        let (x, sp, sl) = check(u64::from_le_bytes(b));
+        bad |= x | (carry_space & (sp >> 7)) | (carry_slash & (sl >> 7));
+        carry_space = sp >> 63;
+        carry_slash = sl >> 63;
+    }
+    // The last 8 bytes, overlapping the words above: every pair of neighbours not yet checked
+    // lies inside it.
+    if !chunks.remainder().is_empty()
+        && let Some(tail) = s.get(n - 8..).and_then(<[u8]>::first_chunk::<8>)
+    {
+        bad |= check(u64::from_le_bytes(*tail)).0;
+    }
+    bad == 0
 }
 
 /// Whether `s` is already in collapsed form (ASCII, single inner spaces, no edge spaces).
@@ -162,9 +421,58 @@ pub fn is_path_key(k: &str) -> bool {
         || k.ends_with("_dir")
 }
 
+/// The canonical 64 bits of a JSON number: integers (and integral floats) by value, so `1` and
+/// `1.0` are one number.
+fn number_bits(n: &Number) -> u64 {
+    if let Some(i) = n.as_i64() {
+        i as u64
+    } else if let Some(u) = n.as_u64() {
+        u
+    } else if let Some(f) = n.as_f64() {
+        if f.fract() == 0.0 && f.abs() < 9.0e15 {
+            f as i64 as u64
+        } else {
+            f.to_bits()
+        }
+    } else {
+        0
+    }
+}
+
+/// Runs `f` on the cleared per-thread scratch buffer.
+fn with_scratch<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            let out = f(&mut buf);
+            if buf.capacity() > SCRATCH_KEEP {
+                *buf = Vec::new();
+            }
+            out
+        }
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
+/// What the member pass found out about a shell call's command.
+#[derive(Clone, Copy)]
+struct CommandMember<'v> {
+    /// Position of its key in `command_keys`.
+    pos: usize,
+    value: &'v Value,
+    /// The text hash of the value, when it was computed as a non-path string.
+    text: Option<u64>,
+}
+
 impl FingerprintRules {
     pub fn from_config(c: &loopguard_rules::Config) -> FingerprintRules {
         let boxed = |v: &[String]| v.iter().map(|s| s.as_str().into()).collect::<Vec<_>>();
+        let mut operator_starts = [0u64; 4];
+        for op in &c.shell.complex_operators {
+            if let Some(&b) = op.as_bytes().first() {
+                operator_starts[usize::from(b >> 6)] |= 1 << (b & 63);
+            }
+        }
         FingerprintRules {
             volatile_keys: boxed(&c.fingerprint.volatile_keys),
             primary_keys: boxed(&c.fingerprint.primary_keys),
@@ -179,6 +487,8 @@ impl FingerprintRules {
                 file_operation_commands: boxed(&c.shell.file_operation_commands),
                 wait_commands: boxed(&c.shell.wait_commands),
                 complex_operators: boxed(&c.shell.complex_operators),
+                operator_starts,
+                empty_operator: c.shell.complex_operators.iter().any(String::is_empty),
             },
         }
     }
@@ -210,14 +520,35 @@ impl FingerprintRules {
                     .flat_map(|t| t.volatile_keys.iter().map(String::as_str)),
             ),
         );
-        let mut h = StreamHasher::new();
-        h.bytes(name.as_bytes());
+        let shell = self.shell.tools.iter().any(|g| g.is_match(tool));
+        let command_keys: &[Box<str>] = if shell { &self.shell.command_keys } else { &[] };
+        let roles = KeySet::new(
+            primary
+                .iter()
+                .chain(volatile.iter())
+                .chain(command_keys.iter().map(|k| &**k)),
+        );
+        let role = roles
+            .iter()
+            .map(|k| Role {
+                primary: primary.contains(k),
+                volatile: volatile.contains(k),
+                command: command_keys.iter().position(|c| &**c == k),
+            })
+            .collect();
         ToolKeys {
-            tool_hash: h.finish(),
+            tool_hash: hash_bytes(TOOL, name.as_bytes()),
             primary,
             volatile,
-            shell: self.shell.tools.iter().any(|g| g.is_match(tool)),
+            shell,
             read_tool: READ_TOOLS.iter().any(|r| r.eq_ignore_ascii_case(tool)),
+            roles,
+            role,
+            tests: if shell {
+                TestMemo::new(TEST_MEMO_SLOTS)
+            } else {
+                TestMemo::default()
+            },
         }
     }
 
@@ -228,17 +559,15 @@ impl FingerprintRules {
             Arguments::Raw(s) => match serde_json::from_str::<Value>(s) {
                 Ok(v) => self.keys_of_value(tool, &v, test_commands),
                 Err(_) => {
-                    let mut h = StreamHasher::with_seed(tool.tool_hash);
-                    h.byte(tag::RAW);
-                    self.text(&mut h, s, false);
-                    let exact = h.finish();
+                    let text = self.text_hash(s, false);
+                    let exact = mix(tool.tool_hash, mix(tag::RAW, text));
                     let mut keys = CallKeys {
                         exact,
                         fuzzy: exact,
                         ..CallKeys::default()
                     };
                     if tool.shell {
-                        self.shell_keys(s, &mut keys, test_commands);
+                        self.shell_keys(tool, s, Some(text), &mut keys, test_commands);
                     }
                     keys
                 }
@@ -248,68 +577,93 @@ impl FingerprintRules {
 
     fn keys_of_value(&self, tool: &ToolKeys, v: &Value, test_commands: &[Regex]) -> CallKeys {
         let Value::Object(map) = v else {
-            let mut h = StreamHasher::with_seed(tool.tool_hash);
-            self.value(&mut h, v, None, &tool.volatile);
-            let exact = h.finish();
+            let exact = mix(tool.tool_hash, self.value_hash(v, false, tool));
             return CallKeys {
                 exact,
                 fuzzy: exact,
                 ..CallKeys::default()
             };
         };
-        // One pass over the top-level members feeds both keys: each member is hashed once.
-        let mut exact_acc = 0u64;
+        // One pass over the top-level members feeds both keys, finds the shell command and the
+        // read tool's lone path: each member (and each key) is hashed once.
+        let mut exact_acc = if self.sort_keys { 0 } else { ORDERED };
         let mut fuzzy_acc = 0u64;
         let mut any_primary = false;
+        let mut command: Option<CommandMember<'_>> = None;
+        // The path of a read-tool call whose only primary argument is the path.
+        let mut only_path = tool.read_tool;
+        let mut path: Option<&str> = None;
         for (k, x) in map {
-            let kh = hash_str(k);
-            if tool.volatile.contains_hashed(kh, k) {
+            let kh = key_hash(k);
+            let role = tool.role(kh, k);
+            let is_command = match role.command {
+                Some(pos) if command.is_none_or(|c| pos < c.pos) => {
+                    command = Some(CommandMember {
+                        pos,
+                        value: x,
+                        text: None,
+                    });
+                    true
+                }
+                _ => false,
+            };
+            let primary = role.primary;
+            if only_path && primary {
+                if path.is_none() && PATH_KEYS.contains(&k.as_str()) {
+                    path = x.as_str();
+                } else if !x.is_null() {
+                    only_path = false;
+                }
+            }
+            if role.volatile {
                 continue;
             }
-            let mut sub = StreamHasher::new();
-            sub.byte(tag::KEY);
-            sub.bytes(k.as_bytes());
-            sub.byte(tag::END);
-            self.value(&mut sub, x, Some(k), &tool.volatile);
-            let member = sub.finish();
+            let value = match x {
+                Value::String(s) => {
+                    let path_key = is_path_key(k);
+                    let text = self.text_hash(s, path_key);
+                    if is_command
+                        && !path_key
+                        && let Some(c) = &mut command
+                    {
+                        c.text = Some(text);
+                    }
+                    mix(tag::STRING, text)
+                }
+                Value::Array(_) => self.value_hash(x, is_path_key(k), tool),
+                _ => self.value_hash(x, false, tool),
+            };
+            let member = mix(kh, value);
             exact_acc = if self.sort_keys {
                 exact_acc.wrapping_add(member)
             } else {
-                combine(exact_acc, member)
+                mix(exact_acc, member)
             };
-            if tool.primary.contains_hashed(kh, k) {
+            if primary {
                 any_primary = true;
                 fuzzy_acc = fuzzy_acc.wrapping_add(member);
             }
         }
-        let finish = |acc: u64| {
-            let mut h = StreamHasher::with_seed(tool.tool_hash);
-            h.byte(tag::OBJECT);
-            h.u64(acc);
-            h.byte(tag::END);
-            h.finish()
-        };
+        let finish = |acc: u64| mix(tool.tool_hash, mix(tag::OBJECT, acc));
         let exact = finish(exact_acc);
         let mut keys = CallKeys {
             exact,
             fuzzy: exact,
             ..CallKeys::default()
         };
-        if tool.shell
-            && let Some(cmd) = self.command(map)
+        if let Some(c) = command
+            && let Some(cmd) = c.value.as_str()
         {
-            self.shell_keys(cmd, &mut keys, test_commands);
+            self.shell_keys(tool, cmd, c.text, &mut keys, test_commands);
             return keys;
         }
-        if tool.read_tool
-            && let Some(path) = only_path(map, &tool.primary)
-        {
+        if only_path && let Some(path) = path {
             keys.fuzzy = self.file_read_key(path);
             keys.file_read = true;
             return keys;
         }
         if any_primary {
-            keys.fuzzy = combine(finish(fuzzy_acc), 0x00f0_22e7);
+            keys.fuzzy = combine(finish(fuzzy_acc), FUZZY_TAG);
         }
         keys
     }
@@ -323,18 +677,44 @@ impl FingerprintRules {
             .and_then(Value::as_str)
     }
 
-    fn shell_keys(&self, cmd: &str, keys: &mut CallKeys, test_commands: &[Regex]) {
+    /// Whether a command contains a complex operator (one pass over its bytes).
+    fn complex(&self, cmd: &str) -> bool {
         let sh = &self.shell;
+        if sh.empty_operator {
+            return true;
+        }
+        let b = cmd.as_bytes();
+        (0..b.len()).any(|i| {
+            let c = b[i];
+            sh.operator_starts[usize::from(c >> 6)] & (1 << (c & 63)) != 0
+                && sh
+                    .complex_operators
+                    .iter()
+                    .any(|op| b[i..].starts_with(op.as_bytes()))
+        })
+    }
+
+    /// Shell normalization of one command. `text` is the command's text hash when the member
+    /// pass already computed it (for the untrimmed command).
+    fn shell_keys(
+        &self,
+        tool: &ToolKeys,
+        cmd: &str,
+        text: Option<u64>,
+        keys: &mut CallKeys,
+        test_commands: &[Regex],
+    ) {
+        let sh = &self.shell;
+        let untrimmed = cmd.len();
         let cmd = cmd.trim();
-        keys.test = test_commands.iter().any(|r| r.is_match(cmd));
+        keys.test = tool.tests.is_test(cmd, test_commands);
         let first = cmd
             .split_whitespace()
             .next()
             .map(|w| w.rsplit('/').next().unwrap_or(w))
             .unwrap_or("");
         keys.file_op = contains(&sh.file_operation_commands, first);
-        let complex = sh.complex_operators.iter().any(|op| cmd.contains(&**op));
-        if !complex {
+        if !self.complex(cmd) {
             keys.wait = contains(&sh.wait_commands, first);
             if contains(&sh.file_read_commands, first)
                 && let Some(path) = single_operand(cmd)
@@ -344,147 +724,113 @@ impl FingerprintRules {
                 return;
             }
         }
-        let mut h = StreamHasher::new();
-        h.byte(tag::SHELL);
-        self.text(&mut h, cmd, false);
-        keys.fuzzy = h.finish();
+        // Collapsing whitespace trims; otherwise the hash is reusable only if nothing was trimmed.
+        let text = text
+            .filter(|_| self.collapse_whitespace || cmd.len() == untrimmed)
+            .unwrap_or_else(|| self.text_hash(cmd, false));
+        keys.fuzzy = mix(tag::SHELL, text);
     }
 
     /// The fuzzy key shared by every plain read of one file.
     pub fn file_read_key(&self, path: &str) -> u64 {
-        let mut h = StreamHasher::new();
-        h.byte(tag::FILE_READ);
-        self.text(&mut h, path, true);
-        h.finish()
+        mix(tag::FILE_READ, self.text_hash(path, true))
     }
 
-    fn value(&self, h: &mut StreamHasher, v: &Value, key: Option<&str>, volatile: &KeySet) {
+    fn value_hash(&self, v: &Value, path: bool, tool: &ToolKeys) -> u64 {
         match v {
-            Value::Null => h.byte(tag::NULL),
-            Value::Bool(true) => h.byte(tag::TRUE),
-            Value::Bool(false) => h.byte(tag::FALSE),
-            Value::Number(n) => {
-                h.byte(tag::NUMBER);
-                if let Some(i) = n.as_i64() {
-                    h.u64(i as u64);
-                } else if let Some(u) = n.as_u64() {
-                    h.u64(u);
-                } else if let Some(f) = n.as_f64() {
-                    if f.fract() == 0.0 && f.abs() < 9.0e15 {
-                        h.u64(f as i64 as u64);
-                    } else {
-                        h.u64(f.to_bits());
-                    }
-                }
-            }
-            Value::String(s) => {
-                h.byte(tag::STRING);
-                self.text(h, s, key.is_some_and(is_path_key));
-                h.byte(tag::END);
-            }
+            Value::Null => tag::NULL,
+            Value::Bool(true) => tag::TRUE,
+            Value::Bool(false) => tag::FALSE,
+            Value::Number(n) => mix(tag::NUMBER, number_bits(n)),
+            Value::String(s) => mix(tag::STRING, self.text_hash(s, path)),
             Value::Array(items) => {
-                h.byte(tag::ARRAY);
+                let mut h = tag::ARRAY;
                 for x in items {
-                    self.value(h, x, key, volatile);
+                    h = mix(h, self.value_hash(x, path, tool));
                 }
-                h.byte(tag::END);
+                mix(h, items.len() as u64)
             }
             Value::Object(map) => {
-                h.byte(tag::OBJECT);
-                if self.sort_keys {
-                    let mut acc = 0u64;
-                    for (k, x) in map {
-                        if volatile.contains(k) {
-                            continue;
-                        }
-                        let mut sub = StreamHasher::new();
-                        sub.byte(tag::KEY);
-                        sub.bytes(k.as_bytes());
-                        sub.byte(tag::END);
-                        self.value(&mut sub, x, Some(k), volatile);
-                        acc = acc.wrapping_add(sub.finish());
+                let mut acc = if self.sort_keys { 0 } else { ORDERED };
+                for (k, x) in map {
+                    let kh = key_hash(k);
+                    if tool.role(kh, k).volatile {
+                        continue;
                     }
-                    h.u64(acc);
-                } else {
-                    for (k, x) in map {
-                        if volatile.contains(k) {
-                            continue;
-                        }
-                        h.byte(tag::KEY);
-                        h.bytes(k.as_bytes());
-                        h.byte(tag::END);
-                        self.value(h, x, Some(k), volatile);
-                    }
+                    let member = mix(kh, self.value_hash(x, is_path_key(k), tool));
+                    acc = if self.sort_keys {
+                        acc.wrapping_add(member)
+                    } else {
+                        mix(acc, member)
+                    };
                 }
-                h.byte(tag::END);
+                mix(tag::OBJECT, acc)
             }
         }
     }
 
-    /// Feeds a string, canonicalized, into the hasher.
-    fn text(&self, h: &mut StreamHasher, s: &str, path: bool) {
-        if path && self.path_separators {
-            let clean = !s.contains('\\')
-                && !s.contains("//")
-                && !s.starts_with("./")
-                && (!self.collapse_whitespace || collapsed(s));
-            if clean {
-                h.bytes(s.as_bytes());
-                return;
-            }
-            let mut t = if self.collapse_whitespace {
-                s.trim()
-            } else {
-                s
-            };
-            while let Some(rest) = t.strip_prefix("./").or_else(|| t.strip_prefix(".\\")) {
-                t = rest.trim_start_matches(['/', '\\']);
-            }
-            let mut prev_slash = false;
-            let mut prev_space = false;
-            for &b in t.as_bytes() {
-                let b = if b == b'\\' { b'/' } else { b };
-                if b == b'/' && prev_slash {
-                    continue;
-                }
-                prev_slash = b == b'/';
-                if self.collapse_whitespace && b.is_ascii_whitespace() {
-                    if !prev_space {
-                        h.byte(b' ');
-                    }
-                    prev_space = true;
-                    continue;
-                }
-                prev_space = false;
-                h.byte(b);
-            }
-        } else if !self.collapse_whitespace || collapsed(s) {
-            h.bytes(s.as_bytes());
+    /// The hash of a string's canonical form: whitespace collapsed (when the policy says so),
+    /// and for a path, separators normalized. Canonical strings are hashed as they are.
+    fn text_hash(&self, s: &str, path: bool) -> u64 {
+        let path = path && self.path_separators;
+        let canonical = if self.collapse_whitespace {
+            plain(s.as_bytes(), path) || (collapsed(s) && (!path || clean_path(s)))
         } else {
-            for (i, w) in s.split_whitespace().enumerate() {
-                if i > 0 {
-                    h.byte(b' ');
+            !path || clean_path(s)
+        };
+        if canonical {
+            return hash_bytes(tag::TEXT, s.as_bytes());
+        }
+        with_scratch(|buf| {
+            if path {
+                self.canonical_path(s, buf);
+            } else {
+                for (i, w) in s.split_whitespace().enumerate() {
+                    if i > 0 {
+                        buf.push(b' ');
+                    }
+                    buf.extend_from_slice(w.as_bytes());
                 }
-                h.bytes(w.as_bytes());
             }
+            hash_bytes(tag::TEXT, buf)
+        })
+    }
+
+    /// Writes a path's canonical form: `\` as `/`, no doubled separators, no leading `./`,
+    /// whitespace collapsed when the policy says so.
+    fn canonical_path(&self, s: &str, out: &mut Vec<u8>) {
+        let mut t = if self.collapse_whitespace {
+            s.trim()
+        } else {
+            s
+        };
+        while let Some(rest) = t.strip_prefix("./").or_else(|| t.strip_prefix(".\\")) {
+            t = rest.trim_start_matches(['/', '\\']);
+        }
+        let mut prev_slash = false;
+        let mut prev_space = false;
+        for &b in t.as_bytes() {
+            let b = if b == b'\\' { b'/' } else { b };
+            if b == b'/' && prev_slash {
+                continue;
+            }
+            prev_slash = b == b'/';
+            if self.collapse_whitespace && b.is_ascii_whitespace() {
+                if !prev_space {
+                    out.push(b' ');
+                }
+                prev_space = true;
+                continue;
+            }
+            prev_space = false;
+            out.push(b);
         }
     }
 }
 
-/// The path of a read-tool call whose only primary argument is the path.
-fn only_path<'v>(map: &'v Map<String, Value>, primary: &KeySet) -> Option<&'v str> {
-    let mut path = None;
-    for (k, v) in map {
-        if !primary.contains(k) {
-            continue;
-        }
-        if PATH_KEYS.contains(&k.as_str()) && path.is_none() {
-            path = v.as_str();
-        } else if !v.is_null() {
-            return None;
-        }
-    }
-    path
+/// A path with nothing for [`FingerprintRules::canonical_path`] to change (whitespace aside).
+fn clean_path(s: &str) -> bool {
+    !s.contains('\\') && !s.contains("//") && !s.starts_with("./")
 }
 
 /// The one non-flag operand of a simple command, if it has exactly one.
@@ -619,6 +965,26 @@ mod tests {
     }
 
     #[test]
+    fn remembered_test_answers_match_the_patterns() {
+        let (c, f) = rules();
+        let t = f.tool_keys(c, "bash");
+        let tests = &c.detectors.test_fix.test_commands;
+        let other = [Regex::new("^make").unwrap()];
+        let cmds = (0..300).map(|i| match i % 4 {
+            0 => format!("cargo test -p crate_{}", i % 37),
+            1 => format!("make target_{}", i % 41),
+            2 => format!("pytest tests/test_{}.py", i % 13),
+            _ => format!("ls dir_{}", i % 7),
+        });
+        for cmd in cmds {
+            for patterns in [&tests[..], &other[..], &[]] {
+                let expected = patterns.iter().any(|r| r.is_match(&cmd));
+                assert_eq!(t.tests.is_test(&cmd, patterns), expected, "{cmd}");
+            }
+        }
+    }
+
+    #[test]
     fn raw_arguments() {
         let (c, f) = rules();
         let t = f.tool_keys(c, "grep");
@@ -668,6 +1034,18 @@ mod tests {
                 let wrapped = format!("{{\"command\": {:?}, \"path\": {:?}}}", s, s);
                 let _ = f.keys(&t, &Arguments::Raw(&wrapped), &c.detectors.test_fix.test_commands);
             }
+        }
+
+        /// The word-at-a-time check agrees with the byte-at-a-time definitions.
+        #[test]
+        fn plain_strings_are_exactly_the_canonical_printable_ones(
+            s in prop_oneof!["[ -~\\t\\né/\\\\.]{0,40}", "[ a./\\\\\\t\\x7fé]{0,24}"],
+            path in any::<bool>(),
+        ) {
+            let expected = s.bytes().all(|b| (0x20..=0x7f).contains(&b))
+                && collapsed(&s)
+                && (!path || clean_path(&s));
+            prop_assert_eq!(plain(s.as_bytes(), path), expected, "{:?}", s);
         }
 
         #[test]

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use regex::Regex;
 
 use crate::event::ToolResult;
-use crate::hash::StreamHasher;
+use crate::hash::hash_bytes;
 
 /// Which built-in maskers are on.
 #[derive(Clone, Copy, Debug, Default)]
@@ -118,10 +118,8 @@ impl ResultRules {
             }
         }
         let error = r.is_error || r.exit_code.is_some_and(|c| c != 0);
-        let mut h = StreamHasher::new();
-        h.bytes(buf.trim().as_bytes());
         Outcome {
-            digest: h.finish(),
+            digest: hash_bytes(0, buf.trim().as_bytes()),
             error,
             empty: self.empty.iter().any(|re| re.is_match(buf)),
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),

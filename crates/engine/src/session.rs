@@ -4,16 +4,20 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use loopguard_rules::Action;
+use loopguard_rules::{Action, Settings};
+use loopguard_store::{GroupStore, WorkerId};
 
 use crate::compiled::CompiledRules;
-use crate::detect::text::{Chant, TURNS, TurnText};
+use crate::detect::text::{TURNS, TextState};
 use crate::detect::{Det, Detection, Involved, Record, Window, calls, flag, results};
 use crate::escalation::{Decision, Loops, Vars, decide, default_message, render};
 use crate::event::{Call, Event, Text, ToolResult, UserMessage};
-use crate::fingerprint::file_of;
+use crate::fingerprint::{CallKeys, file_of};
 use crate::hash::hash_str;
+use crate::plugins::{self, Hits};
 use crate::verdict::{CallRef, Verdict};
+
+mod state;
 
 /// Call ids remembered for verdicts (older calls are reported by seq only).
 const ID_POOL: usize = 6;
@@ -29,50 +33,151 @@ const FILE_TOOLS_HINT: &str =
 #[derive(Debug)]
 pub struct Session {
     rules: Arc<CompiledRules>,
-    ring: Vec<Record>,
-    start: usize,
-    len: usize,
+    /// The window's records (allocated, whole, at the first call).
+    ring: Box<[Record]>,
+    start: u32,
+    len: u32,
     seq: u32,
-    epoch: Option<u64>,
+    /// Event time of the first event (`has_epoch`); records keep times relative to it.
+    epoch: u64,
+    has_epoch: bool,
     last_ms: u64,
-    ids: [String; ID_POOL],
-    id_seqs: [u32; ID_POOL],
+    ids: CallIds,
     flags: u32,
     loops: Loops,
     allowance: u32,
-    monologue: u32,
-    turn: TurnText,
-    turns: [u64; TURNS],
-    turns_len: usize,
-    turns_next: usize,
-    turn_no: u64,
-    chant: Option<Box<Chant>>,
+    /// Allocated when the first text arrives.
+    text: Option<Box<TextState>>,
     unknown: Vec<u16>,
+    /// A refusal decided on a result, waiting for the next call of that tool.
+    armed: Option<Box<Armed>>,
+    /// The session's own settings tier, when it has one (`Engine::set_session_settings`);
+    /// `rules` were compiled with it.
+    settings: Option<Box<Settings>>,
+    /// Membership of a group (swarm), when the session joined one.
+    group: Option<Box<Member>>,
+}
+
+/// A session's place in a group (swarm) of workers.
+#[derive(Debug)]
+pub(crate) struct Member {
+    pub(crate) group: Box<str>,
+    pub(crate) worker: Box<str>,
+    id: WorkerId,
+    store: Arc<dyn GroupStore>,
+    /// Escalation counters of group loops, apart from the session's own loops: a user message
+    /// does not reset them (the swarm is still stuck), clearing the group does.
+    loops: Loops,
+    /// Distinct workers in the latest group-loop tally (the `{workers}` placeholder).
+    workers: u32,
+}
+
+/// What the group store said about a call.
+enum GroupCheck {
+    Quiet,
+    Loop(Detection),
+    /// The store fails closed and cannot vouch for its answer: the call is refused.
+    Unavailable,
+}
+
+/// A block decided when a result showed the loop: the call had already run, so the refusal
+/// applies to the next call of the same tool. A call of another tool means the agent changed
+/// course, and disarms it.
+#[derive(Debug)]
+struct Armed {
+    tool: u16,
+    verdict: Verdict,
 }
 
 impl Session {
     pub fn new(rules: Arc<CompiledRules>) -> Session {
         Session {
             rules,
-            ring: Vec::new(),
+            ring: Box::default(),
             start: 0,
             len: 0,
             seq: 0,
-            epoch: None,
+            epoch: 0,
+            has_epoch: false,
             last_ms: 0,
-            ids: Default::default(),
-            id_seqs: [0; ID_POOL],
+            ids: CallIds::default(),
             flags: 0,
             loops: Loops::default(),
             allowance: 0,
-            monologue: 0,
-            turn: TurnText::default(),
-            turns: [0; TURNS],
-            turns_len: 0,
-            turns_next: 0,
-            turn_no: 0,
-            chant: None,
+            text: None,
             unknown: Vec::new(),
+            armed: None,
+            settings: None,
+            group: None,
+        }
+    }
+
+    /// Switches to rules compiled with new session `settings` (the tier the rules were made
+    /// with). The window keeps its newest calls when its size changes; counters stay.
+    pub(crate) fn set_rules(&mut self, rules: Arc<CompiledRules>, settings: Settings) {
+        self.rules = rules;
+        self.settings = (!settings.is_empty()).then(|| Box::new(settings));
+        let cap = self.cap();
+        if !self.ring.is_empty() && self.ring.len() != cap {
+            let keep = (self.len as usize).min(cap);
+            let old = self.ring.len();
+            let first = self.start as usize + self.len as usize - keep;
+            let mut ring = vec![Record::default(); cap].into_boxed_slice();
+            for (i, slot) in ring.iter_mut().take(keep).enumerate() {
+                if let Some(r) = self.ring.get((first + i) % old) {
+                    *slot = *r;
+                }
+            }
+            self.ring = ring;
+            self.start = 0;
+            self.len = keep as u32;
+        }
+    }
+
+    /// The session's own settings tier (empty when it has none).
+    pub fn settings(&self) -> Settings {
+        self.settings.as_deref().cloned().unwrap_or_default()
+    }
+
+    /// The rules in force for this session (the engine's, or a variant with its settings).
+    pub fn rules(&self) -> &Arc<CompiledRules> {
+        &self.rules
+    }
+
+    /// Joins a group (swarm) as `worker`, leaving any group it was in.
+    pub(crate) fn join(&mut self, group: &str, worker: &str, store: Arc<dyn GroupStore>) {
+        self.group = Some(Box::new(Member {
+            group: group.into(),
+            worker: worker.into(),
+            id: WorkerId::new(worker),
+            store,
+            loops: Loops::default(),
+            workers: 0,
+        }));
+    }
+
+    pub(crate) fn leave(&mut self) {
+        self.group = None;
+    }
+
+    /// The group and worker name, when the session is a worker of a group.
+    pub fn group(&self) -> Option<(&str, &str)> {
+        self.group.as_deref().map(|m| (&*m.group, &*m.worker))
+    }
+
+    /// The group was cleared (the swarm completed): its loops start over.
+    pub(crate) fn group_cleared(&mut self, group: &str) {
+        if let Some(m) = self.group.as_deref_mut()
+            && *m.group == *group
+        {
+            m.loops.clear();
+        }
+    }
+
+    /// Points the membership at another store (the engine's store changed).
+    pub(crate) fn set_store(&mut self, store: &Arc<dyn GroupStore>) {
+        if let Some(m) = self.group.as_deref_mut() {
+            m.store = Arc::clone(store);
         }
     }
 
@@ -86,10 +191,20 @@ impl Session {
             Event::Call(c) => self.on_call(c),
             Event::Result(r) => self.on_result(r),
             Event::Text(t) => self.on_text(t),
-            Event::User(u) => self.on_user(u),
-            Event::Reset { .. } => {
+            Event::User(u) => {
+                let notes = self.rules.plugins.on_user(u);
+                Verdict {
+                    notes,
+                    ..self.on_user(u)
+                }
+            }
+            Event::Reset { session, time_ms } => {
+                let notes = self.rules.plugins.reset(session, *time_ms);
                 self.reset_all();
-                Verdict::allow()
+                Verdict {
+                    notes,
+                    ..Verdict::allow()
+                }
             }
         }
     }
@@ -112,48 +227,66 @@ impl Session {
     /// Approximate bytes of memory this session holds, heap included.
     pub fn memory_bytes(&self) -> usize {
         std::mem::size_of::<Session>()
-            + self.ring.capacity() * std::mem::size_of::<Record>()
-            + self.ids.iter().map(String::capacity).sum::<usize>()
+            + std::mem::size_of_val::<[Record]>(&self.ring)
+            + self.ids.buf.capacity()
             + self.loops.capacity_bytes()
             + self.unknown.capacity() * 2
             + self
-                .chant
+                .text
                 .as_ref()
-                .map_or(0, |_| std::mem::size_of::<Chant>())
+                .map_or(0, |t| std::mem::size_of::<TextState>() + t.heap_bytes())
+            + self.settings.as_ref().map_or(0, |s| {
+                std::mem::size_of::<Settings>() + s.mode.as_ref().map_or(0, String::capacity)
+            })
+            + self.group.as_ref().map_or(0, |m| {
+                std::mem::size_of::<Member>()
+                    + m.group.len()
+                    + m.worker.len()
+                    + m.loops.capacity_bytes()
+            })
     }
 
     // --- the ring ---------------------------------------------------------------------------
 
     fn rel(&mut self, ms: u64) -> u32 {
-        let epoch = *self.epoch.get_or_insert(ms);
-        ms.saturating_sub(epoch).min(u64::from(u32::MAX)) as u32
+        if !self.has_epoch {
+            self.epoch = ms;
+            self.has_epoch = true;
+        }
+        ms.saturating_sub(self.epoch).min(u64::from(u32::MAX)) as u32
+    }
+
+    /// The window's capacity (at most `u32::MAX` records).
+    fn cap(&self) -> usize {
+        self.rules.config.window_size.clamp(2, u32::MAX as usize)
     }
 
     fn push(&mut self, r: Record) {
-        let cap = self.rules.config.window_size.max(2);
-        if self.ring.capacity() < cap {
-            self.ring.reserve_exact(cap - self.ring.len());
+        let cap = self.cap();
+        if self.ring.len() != cap {
+            self.ring = vec![Record::default(); cap].into_boxed_slice();
+            self.clear_window();
         }
-        if self.len < cap {
-            let i = (self.start + self.len) % cap;
-            if i < self.ring.len() {
-                self.ring[i] = r;
-            } else {
-                self.ring.push(r);
+        let (start, len) = (self.start as usize, self.len as usize);
+        if len < cap {
+            if let Some(slot) = self.ring.get_mut((start + len) % cap) {
+                *slot = r;
             }
             self.len += 1;
         } else {
-            self.ring[self.start] = r;
-            self.start = (self.start + 1) % cap;
+            if let Some(slot) = self.ring.get_mut(start) {
+                *slot = r;
+            }
+            self.start = ((start + 1) % cap) as u32;
         }
     }
 
     fn window(&self, now: u32) -> Window<'_> {
         let mut w = Window {
-            buf: &self.ring[..self.ring.len().min(self.rules.config.window_size.max(2))],
-            start: self.start,
-            filled: self.len,
-            live: self.len,
+            buf: &self.ring,
+            start: self.start as usize,
+            filled: self.len as usize,
+            live: self.len as usize,
             newest_seq: self.seq,
         };
         let ttl = self.rules.config.time.ttl_seconds.saturating_mul(1000);
@@ -172,19 +305,11 @@ impl Session {
     }
 
     fn remember_id(&mut self, seq: u32, id: &str) {
-        let slot = seq as usize % ID_POOL;
-        self.ids[slot].clear();
-        self.ids[slot].push_str(id);
-        self.id_seqs[slot] = seq;
+        self.ids.set(seq, id);
     }
 
     fn id_of(&self, seq: u32) -> String {
-        let slot = seq as usize % ID_POOL;
-        if self.id_seqs[slot] == seq {
-            self.ids[slot].clone()
-        } else {
-            String::new()
-        }
+        self.ids.get(seq).to_owned()
     }
 
     // --- events -----------------------------------------------------------------------------
@@ -197,9 +322,9 @@ impl Session {
             .fingerprint
             .keys(&tool.keys, &c.arguments, &det.test_fix.test_commands);
         // A call ends any text turn: that turn was not a monologue.
-        self.monologue = 0;
-        self.turn = TurnText::default();
-        self.chant = None;
+        if let Some(text) = &mut self.text {
+            text.end_turn();
+        }
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let now = self.rel(c.time_ms);
@@ -224,24 +349,43 @@ impl Session {
             flags,
         });
         self.remember_id(seq, c.call_id);
+        let group = self.group_call(&rules, &keys, tool.id, c.time_ms);
 
         let w = self.window(now);
         let a = self.allowance;
         let unknown = !tool.known || self.unknown.contains(&tool.id);
-        let exact = calls::exact_repeat(&w, &det.exact_repeat, a);
-        let fuzzy = if exact.is_some() {
-            None
-        } else {
-            calls::fuzzy_repeat(&w, &det.fuzzy_repeat, a)
+        let [exact, fuzzy, cycle, interleaved, unknown_tool] = calls::detect(&w, det, a, unknown);
+        let unknown_tool = unknown_tool.map(|d| by_name(d, &tool.name));
+        // The group loop comes last: on a tie the session's own detectors win.
+        let group_loop = match &group {
+            GroupCheck::Loop(d) => Some(*d),
+            GroupCheck::Quiet | GroupCheck::Unavailable => None,
         };
-        let cands = [
-            exact,
-            fuzzy,
-            calls::cycle(&w, &det.cycle, a),
-            calls::interleaved(&w, &det.interleaved, a),
-            calls::unknown_tool(&w, &det.unknown_tool, unknown),
-        ];
-        let verdict = self.escalate(&rules, &cands, tool.category, u64::from(seq), Some(c), now);
+        let cands = [exact, fuzzy, cycle, interleaved, unknown_tool, group_loop];
+        let hits = rules.plugins.on_call(c, &keys, &tool, &w);
+        let mut verdict = self.escalate(
+            &rules,
+            &cands,
+            hits,
+            tool.category,
+            u64::from(seq),
+            Some(c),
+            now,
+        );
+        if let Some(armed) = self.armed.take()
+            && armed.tool == tool.id
+            && armed.verdict.action > verdict.action
+        {
+            let notes = std::mem::take(&mut verdict.notes);
+            verdict = armed.verdict;
+            verdict.notes = notes;
+            self.flags = self.flags.saturating_add(1);
+        }
+        if matches!(group, GroupCheck::Unavailable) && verdict.action < Action::Block {
+            let notes = std::mem::take(&mut verdict.notes);
+            verdict = self.store_refusal(c, u64::from(seq));
+            verdict.notes = notes;
+        }
         if matches!(verdict.action, Action::Block | Action::Terminate)
             && let Some(i) = self.newest_index()
             && let Some(r) = self.ring.get_mut(i)
@@ -251,21 +395,94 @@ impl Session {
         verdict
     }
 
+    /// Records the call's fuzzy fingerprint in the session's group, if it is a worker of one, and
+    /// says whether the swarm as a whole is looping on it. Waits (`sleep 30`) are not counted.
+    fn group_call(
+        &mut self,
+        rules: &CompiledRules,
+        keys: &CallKeys,
+        tool: u16,
+        at_ms: u64,
+    ) -> GroupCheck {
+        let g = &rules.config.group;
+        let Some(m) = self.group.as_deref_mut() else {
+            return GroupCheck::Quiet;
+        };
+        if !g.enabled || keys.wait {
+            return GroupCheck::Quiet;
+        }
+        let tally = m.store.record(&m.group, m.id, keys.fuzzy, at_ms);
+        if tally.is_unavailable() {
+            return GroupCheck::Unavailable;
+        }
+        if tally.count < u64::from(g.threshold) || tally.workers < g.min_workers {
+            return GroupCheck::Quiet;
+        }
+        m.workers = tally.workers;
+        GroupCheck::Loop(Detection {
+            tool: Some(tool),
+            involved: Involved::Fuzzy(keys.fuzzy),
+            ..Detection::new(
+                Det::GroupLoop,
+                keys.fuzzy,
+                u32::try_from(tally.count).unwrap_or(u32::MAX),
+                g.threshold,
+            )
+        })
+    }
+
+    /// The refusal of a call when the group store fails closed.
+    fn store_refusal(&self, c: &Call<'_>, seq: u64) -> Verdict {
+        let group = self.group.as_deref().map_or("", |m| &*m.group);
+        let this = CallRef {
+            seq,
+            call_id: c.call_id.to_owned(),
+        };
+        Verdict {
+            action: Action::Block,
+            message: format!(
+                "Refused: {} was not run. The shared loop-detection state of swarm `{group}` is unreachable and this deployment refuses calls it cannot check. Wait a moment and try again, or tell the user the swarm cannot proceed.",
+                c.tool
+            ),
+            detector: Some(Cow::Borrowed("group_store")),
+            rule: Some("group.store".to_owned()),
+            count: 0,
+            calls: vec![this.clone()],
+            loop_start: Some(this),
+            notes: Vec::new(),
+        }
+    }
+
+    /// The escalation counters a detection counts against: group loops have their own.
+    fn loops_for(&self, det: Det) -> &Loops {
+        match (det, self.group.as_deref()) {
+            (Det::GroupLoop, Some(m)) => &m.loops,
+            _ => &self.loops,
+        }
+    }
+
+    fn loops_for_mut(&mut self, det: Det) -> &mut Loops {
+        match (det, self.group.as_deref_mut()) {
+            (Det::GroupLoop, Some(m)) => &mut m.loops,
+            _ => &mut self.loops,
+        }
+    }
+
     fn newest_index(&self) -> Option<usize> {
-        let cap = self.rules.config.window_size.max(2);
-        (self.len > 0).then(|| (self.start + self.len - 1) % cap)
+        let cap = self.cap();
+        (self.len > 0).then(|| (self.start as usize + self.len as usize - 1) % cap)
     }
 
     fn on_result(&mut self, r: &ToolResult<'_>) -> Verdict {
         let rules = Arc::clone(&self.rules);
         let now = self.rel(r.time_ms);
         let h = hash_str(r.call_id) as u32;
-        let cap = rules.config.window_size.max(2);
+        let cap = self.cap();
         let Some(k) = self.window(now).iter().position(|x| x.call == h) else {
             return Verdict::allow();
         };
         let outcome = rules.results.outcome(r);
-        let idx = (self.start + self.len - 1 - k) % cap;
+        let idx = (self.start as usize + self.len as usize - 1 - k) % cap;
         let Some(rec) = self.ring.get_mut(idx) else {
             return Verdict::allow();
         };
@@ -304,52 +521,84 @@ impl Session {
         let cands = [
             results::no_progress(&w, k, &det.no_progress, a),
             results::same_outcome(&w, k, &det.same_outcome),
-            results::error_cascade(&w, k, &det.error_cascade),
+            results::error_cascade(&w, k, &det.error_cascade)
+                .map(|d| tool.as_ref().map_or(d, |t| by_name(d, &t.name))),
             results::test_fix(&w, k, &det.test_fix),
         ];
+        let hits = rules
+            .plugins
+            .on_result(r, tool.as_deref(), &rec, outcome.digest, &w);
         let seq = self.seq.wrapping_sub(k as u32);
-        self.escalate(&rules, &cands, category, u64::from(seq), None, now)
+        let verdict = self.escalate(&rules, &cands, hits, category, u64::from(seq), None, now);
+        if verdict.action != Action::Block {
+            return verdict;
+        }
+        // The call already ran: warn now, refuse the next call of this tool.
+        let tool_name = tool.as_ref().map_or("the tool", |t| &*t.name);
+        let warning = Verdict {
+            action: Action::Warn,
+            message: format!(
+                "{tool_name} keeps producing the same outcome ({}, {} times). The next {tool_name} call will be refused unless you change your approach.{}",
+                verdict.detector.as_deref().unwrap_or("loop"),
+                verdict.count,
+                if verdict.message.ends_with(FILE_TOOLS_HINT) {
+                    FILE_TOOLS_HINT
+                } else {
+                    ""
+                }
+            ),
+            ..verdict.clone()
+        };
+        self.armed = Some(Box::new(Armed {
+            tool: rec.tool,
+            verdict: Verdict {
+                notes: Vec::new(),
+                ..verdict
+            },
+        }));
+        warning
     }
 
     fn on_text(&mut self, t: &Text<'_>) -> Verdict {
         let rules = Arc::clone(&self.rules);
         let p = &rules.config.detectors;
         let end = !t.chunk || t.end_of_turn;
-        let occasion = TEXT_OCCASION | self.turn_no.wrapping_add(1);
-        self.turn.feed(t.text);
+        let ts = self.text.get_or_insert_with(Box::default);
+        let occasion = TEXT_OCCASION | ts.turn_no.wrapping_add(1);
+        ts.turn.feed(t.text);
         let mut chant = None;
         if p.chanting.enabled {
-            let ch = self.chant.get_or_insert_with(Box::default);
+            let ch = ts.chant.get_or_insert_with(Box::default);
             chant = ch.feed(t.text, &p.chanting);
             if end {
                 chant = chant.or(ch.end(&p.chanting));
                 // Idle sessions keep no text buffers.
-                self.chant = None;
+                ts.chant = None;
             }
         }
         let chanting = chant
             .map(|(key, count)| Detection::new(Det::Chanting, key, count, p.chanting.threshold));
         let mut cands = [None, None, chanting];
         if end {
-            self.turn_no = self.turn_no.wrapping_add(1);
-            self.monologue = self.monologue.saturating_add(1);
-            let (digest, chars) = self.turn.take();
-            if p.monologue.enabled && self.monologue >= p.monologue.threshold {
+            ts.turn_no = ts.turn_no.wrapping_add(1);
+            ts.monologue = ts.monologue.saturating_add(1);
+            let (digest, chars) = ts.turn.take();
+            if p.monologue.enabled && ts.monologue >= p.monologue.threshold {
                 cands[0] = Some(Detection::new(
                     Det::Monologue,
                     0x6d6f_6e6f,
-                    self.monologue,
+                    ts.monologue,
                     p.monologue.threshold,
                 ));
             }
             if p.text_repeat.enabled && chars >= p.text_repeat.min_chars {
-                let seen = self.turns[..self.turns_len]
+                let seen = ts.turns[..ts.turns_len]
                     .iter()
                     .filter(|&&d| d == digest)
                     .count() as u32;
-                self.turns[self.turns_next] = digest;
-                self.turns_next = (self.turns_next + 1) % TURNS;
-                self.turns_len = (self.turns_len + 1).min(TURNS);
+                ts.turns[ts.turns_next] = digest;
+                ts.turns_next = (ts.turns_next + 1) % TURNS;
+                ts.turns_len = (ts.turns_len + 1).min(TURNS);
                 if seen + 1 >= p.text_repeat.threshold {
                     cands[1] = Some(Detection::new(
                         Det::TextRepeat,
@@ -361,21 +610,24 @@ impl Session {
             }
         }
         let now = self.rel(t.time_ms);
-        self.escalate(&rules, &cands, None, occasion, None, now)
+        let hits = rules.plugins.on_text(t, &self.window(now));
+        self.escalate(&rules, &cands, hits, None, occasion, None, now)
     }
 
     fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
         if u.injected {
             return Verdict::allow();
         }
-        self.monologue = 0;
-        self.turn = TurnText::default();
-        self.chant = None;
+        if let Some(text) = &mut self.text {
+            text.end_turn();
+        }
         if self.rules.config.time.reset_on_user_message {
             self.clear_window();
             self.loops.clear();
-            self.turns_len = 0;
-            self.turns_next = 0;
+            if let Some(text) = &mut self.text {
+                text.forget_turns();
+            }
+            self.armed = None;
         }
         self.allowance = allowance(&self.rules.config.user, u.text);
         Verdict::allow()
@@ -385,29 +637,32 @@ impl Session {
         self.clear_window();
         self.loops.clear();
         self.seq = 0;
-        self.epoch = None;
-        self.id_seqs = [0; ID_POOL];
-        for id in &mut self.ids {
-            id.clear();
-        }
+        self.has_epoch = false;
+        self.ids.clear();
         self.flags = 0;
         self.allowance = 0;
-        self.monologue = 0;
-        self.turn = TurnText::default();
-        self.turns_len = 0;
-        self.turns_next = 0;
-        self.chant = None;
+        if let Some(text) = &mut self.text {
+            text.end_turn();
+            text.forget_turns();
+        }
         self.unknown.clear();
+        self.armed = None;
+        if let Some(m) = self.group.as_deref_mut() {
+            m.loops.clear();
+        }
     }
 
     // --- escalation -------------------------------------------------------------------------
 
-    /// Picks the most severe outcome among the detections (ties: detector order), counts it
-    /// against its loop, and builds the verdict.
+    /// Picks the most severe outcome among the detections, the built-in detectors' and the
+    /// plugins' (ties: detector order, built-in first), counts it against its loop, and builds
+    /// the verdict; plugin notes ride along.
+    #[allow(clippy::too_many_arguments)]
     fn escalate(
         &mut self,
         rules: &CompiledRules,
         cands: &[Option<Detection>],
+        hits: Hits,
         category: Option<usize>,
         occasion: u64,
         call: Option<&Call<'_>>,
@@ -415,17 +670,61 @@ impl Session {
     ) -> Verdict {
         let mut best: Option<Decision<'_>> = None;
         for d in cands.iter().flatten() {
-            let Some(dec) = decide(rules, &self.loops, self.flags, d, category, occasion) else {
+            let loops = self.loops_for(d.det);
+            let Some(dec) = decide(rules, loops, self.flags, d, category, occasion) else {
                 continue;
             };
             if best.as_ref().is_none_or(|b| dec.action > b.action) {
                 best = Some(dec);
             }
         }
+        if hits.is_empty() {
+            return self.builtin_verdict(rules, best, category, occasion, call, now);
+        }
+        let builtin = best.as_ref().map(|b| b.action);
+        let mut verdict = match plugins::decide(
+            rules,
+            &self.loops,
+            self.flags,
+            &hits,
+            category,
+            occasion,
+            builtin,
+        ) {
+            Some(p) => {
+                self.loops.commit(p.loop_key, occasion);
+                if p.action == Action::Allow {
+                    Verdict::allow()
+                } else {
+                    let flags_before = self.flags;
+                    self.flags = self.flags.saturating_add(1);
+                    let this = (occasion & TEXT_OCCASION == 0).then(|| CallRef {
+                        seq: occasion,
+                        call_id: self.id_of(occasion as u32),
+                    });
+                    plugins::verdict(rules, &p, &hits, category, call, this, flags_before)
+                }
+            }
+            None => self.builtin_verdict(rules, best, category, occasion, call, now),
+        };
+        verdict.notes = hits.notes;
+        verdict
+    }
+
+    fn builtin_verdict(
+        &mut self,
+        rules: &CompiledRules,
+        best: Option<Decision<'_>>,
+        category: Option<usize>,
+        occasion: u64,
+        call: Option<&Call<'_>>,
+        now: u32,
+    ) -> Verdict {
         let Some(dec) = best else {
             return Verdict::allow();
         };
-        self.loops.commit(dec.detection.loop_key(), occasion);
+        self.loops_for_mut(dec.detection.det)
+            .commit(dec.detection.loop_key(), occasion);
         if dec.action == Action::Allow {
             return Verdict::allow();
         }
@@ -454,7 +753,8 @@ impl Session {
             .and_then(|i| rules.config.categories.get(i))
             .map_or("", |c| c.name.as_str());
         let step_index = dec.step.map_or(0, |(i, _)| i);
-        let rule = if category_name.is_empty() {
+        // The group ladder is the policy's choice for the swarm, not the tool category's.
+        let rule = if category_name.is_empty() || d.det == Det::GroupLoop {
             format!("ladders.{}[{step_index}]", dec.ladder)
         } else {
             format!(
@@ -478,6 +778,10 @@ impl Session {
             file: &file,
             flags: flags_before,
             action: dec.action.as_str(),
+            workers: match (d.det, self.group.as_deref()) {
+                (Det::GroupLoop, Some(m)) => m.workers,
+                _ => 1,
+            },
         };
         let template = dec
             .step
@@ -511,7 +815,86 @@ impl Session {
             count: d.count,
             calls,
             loop_start,
+            notes: Vec::new(),
         }
+    }
+}
+
+/// A detection keyed by a tool id, keyed by the tool's name instead: tool ids depend on the order
+/// in which an engine first saw its tools, and a loop counter must mean the same loop in the
+/// engine a snapshot is restored into.
+fn by_name(d: Detection, tool: &str) -> Detection {
+    Detection {
+        key: hash_str(tool),
+        ..d
+    }
+}
+
+/// The host's ids of the last [`ID_POOL`] calls, in one buffer: slot `seq % ID_POOL` holds the
+/// id of call `seq`.
+#[derive(Debug, Default)]
+struct CallIds {
+    /// The slots' ids (whole strings), one after the other.
+    buf: Vec<u8>,
+    lens: [u32; ID_POOL],
+    seqs: [u32; ID_POOL],
+}
+
+impl CallIds {
+    fn span(&self, slot: usize) -> std::ops::Range<usize> {
+        let len = |i: usize| self.lens.get(i).map_or(0, |&n| n as usize);
+        let start = (0..slot).map(len).sum::<usize>();
+        start..start + len(slot)
+    }
+
+    fn set(&mut self, seq: u32, id: &str) {
+        let slot = seq as usize % ID_POOL;
+        // An id of 4 GiB or more is not kept.
+        let id = if u32::try_from(id.len()).is_ok() {
+            id
+        } else {
+            ""
+        };
+        let span = self.span(slot);
+        let (old, new, total) = (span.len(), id.len(), self.buf.len());
+        // Make room (growing exactly: in steady state ids keep their lengths and nothing is
+        // allocated), or close the gap.
+        if new > old {
+            self.buf.reserve_exact(new - old);
+            self.buf.resize(total + new - old, 0);
+            self.buf.copy_within(span.end..total, span.start + new);
+        } else if new < old {
+            self.buf.copy_within(span.end..total, span.start + new);
+            self.buf.truncate(total - (old - new));
+        }
+        if let (Some(dst), Some(len), Some(s)) = (
+            self.buf.get_mut(span.start..span.start + new),
+            self.lens.get_mut(slot),
+            self.seqs.get_mut(slot),
+        ) {
+            dst.copy_from_slice(id.as_bytes());
+            *len = new as u32;
+            *s = seq;
+        }
+    }
+
+    /// The id of call `seq`; empty when it is no longer kept.
+    fn get(&self, seq: u32) -> &str {
+        let slot = seq as usize % ID_POOL;
+        match self.seqs.get(slot) {
+            Some(&s) if s == seq => self
+                .buf
+                .get(self.span(slot))
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or(""),
+            _ => "",
+        }
+    }
+
+    fn clear(&mut self) {
+        self.buf.clear();
+        self.lens = [0; ID_POOL];
+        self.seqs = [0; ID_POOL];
     }
 }
 
@@ -550,4 +933,32 @@ pub(crate) fn allowance(user: &loopguard_rules::config::User, text: &str) -> u32
                 .map(|&(_, n)| n)
         })
         .unwrap_or(user.repeat_allowance)
+}
+
+#[cfg(test)]
+mod call_id_tests {
+    use super::*;
+
+    #[test]
+    fn call_ids_keep_the_last_few_of_any_length() {
+        let mut ids = CallIds::default();
+        let id = |seq: u32| "x".repeat(seq as usize % 7) + &seq.to_string();
+        for seq in 1..40u32 {
+            ids.set(seq, &id(seq));
+            for back in 0..ID_POOL as u32 {
+                if let Some(s) = seq.checked_sub(back).filter(|&s| s > 0) {
+                    assert_eq!(ids.get(s), id(s), "seq {seq}, back {back}");
+                }
+            }
+            if seq > ID_POOL as u32 {
+                assert_eq!(ids.get(seq - ID_POOL as u32), "");
+            }
+        }
+        ids.set(41, "");
+        assert_eq!(ids.get(41), "");
+        assert_eq!(ids.get(40 - 1), id(39));
+        ids.clear();
+        assert_eq!(ids.get(39), "");
+        assert!(ids.buf.is_empty());
+    }
 }

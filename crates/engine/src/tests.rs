@@ -138,7 +138,11 @@ fn identical_calls_in_one_message_escalate_warn_block_terminate() {
         warn.rule.as_deref(),
         Some("categories.shell/ladders.default[0]")
     );
-    assert!(warn.message.contains("bash 3 times"), "{}", warn.message);
+    assert!(
+        warn.message.contains("3 times; latest call: bash"),
+        "{}",
+        warn.message
+    );
     let seqs: Vec<u64> = warn.calls.iter().map(|c| c.seq).collect();
     assert_eq!(seqs, [1, 2, 3]);
     assert_eq!(
@@ -818,4 +822,51 @@ proptest::proptest! {
             proptest::prop_assert!(!v.is_allow() || v.calls.is_empty());
         }
     }
+}
+
+// --- refusals decided on a result ----------------------------------------------------------------
+
+#[test]
+fn a_block_decided_on_a_result_warns_then_refuses_the_next_call_of_that_tool() {
+    let mut h = H::default();
+    for i in 0..4 {
+        h.bash(
+            &format!("deploy --try {i}"),
+            &format!("deploy failed: quota {i}"),
+            true,
+        );
+    }
+    // The 5th failure reaches the ladder's block step: the call already ran, so the result
+    // verdict warns and says what comes next.
+    let (c, r) = h.bash("deploy --try 4", "deploy failed: quota 4", true);
+    assert!(c.is_allow(), "{c:?}");
+    assert_eq!(r.action, Action::Warn, "{r:?}");
+    assert_eq!(det(&r), Some("error_cascade"));
+    assert!(
+        r.message.contains("next bash call will be refused"),
+        "{}",
+        r.message
+    );
+    assert!(!r.message.contains("was not run"), "{}", r.message);
+    // The next call of the same tool is refused, as a failed call.
+    let (next, _) = h.call("bash", json!({"command": "deploy --try 5"}));
+    assert_eq!(next.action, Action::Block, "{next:?}");
+    assert!(next.message.contains("not run"), "{}", next.message);
+}
+
+#[test]
+fn a_call_of_another_tool_disarms_a_refusal_decided_on_a_result() {
+    let mut h = H::default();
+    for i in 0..5 {
+        h.bash(
+            &format!("deploy --try {i}"),
+            &format!("deploy failed: quota {i}"),
+            true,
+        );
+    }
+    let (other, id) = h.call("read_file", json!({"path": "deploy.yaml"}));
+    assert!(other.is_allow(), "{other:?}");
+    h.result(&id, "quota: 3", false);
+    let (next, _) = h.call("bash", json!({"command": "kubectl get quota"}));
+    assert_ne!(next.action, Action::Block, "{next:?}");
 }

@@ -1,5 +1,7 @@
 //! `loopctl`: check loopguard policies, print their schema, replay transcripts through them.
 
+mod plugins;
+mod proxy;
 mod simulate;
 mod transcript;
 mod validate;
@@ -38,7 +40,9 @@ pub enum ErrorFormat {
 enum Command {
     /// Check policy files (or every .yaml/.yml file in directories) and report every problem.
     ///
-    /// Exit status: 0 when valid, 1 when invalid, 2 when a file could not be read.
+    /// The plugins a valid policy names are loaded too: a missing library, one built for another
+    /// plugin ABI, or a `config` its schema refuses is an error. Exit status: 0 when valid, 1 when
+    /// invalid, 2 when a file could not be read.
     Validate {
         /// Policy files or directories.
         #[arg(required = true)]
@@ -59,12 +63,35 @@ enum Command {
         #[arg(long)]
         events: bool,
     },
+    /// Describe detector plugins: name, version, plugin ABI version, thread-safety and the JSON
+    /// Schema of their configuration.
+    ///
+    /// Each library is loaded (never unloaded) and its ABI version checked, but no instance is
+    /// created. Exit status: 0 when every file is a loadable plugin, 2 when one is not.
+    Plugins {
+        /// Plugin shared libraries (`.so`, `.dylib`, `.dll`).
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+        /// Print one JSON object per plugin, one per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run an OpenAI-compatible proxy that stops tool-call loops: point an agent's base URL at
+    /// it and it forwards chat completions to `--upstream`, warning, refusing or stopping looping
+    /// tool calls as the policy says.
+    ///
+    /// Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 when the policy or the
+    /// LOOPGUARD_* settings are invalid, 2 when it cannot start (unreadable policy, address in
+    /// use, bad upstream URL).
+    Proxy(proxy::Args),
     /// Replay recorded conversations through a policy and show where and why it intervenes.
     ///
     /// Transcripts are loopguard event JSON Lines, OpenAI chat-completions messages (an array,
     /// JSON Lines, or a request body with `messages`) or Anthropic messages, detected from the
-    /// content. Exit status: 0 when the policy never intervened, 3 when it did, 1 on bad input
-    /// (a malformed transcript or policy), 2 when a file could not be read.
+    /// content. The policy's plugins are loaded and run beside the built-in detectors (their
+    /// detections show under the plugin's name). Exit status: 0 when the policy never
+    /// intervened, 3 when it did, 1 on bad input (a malformed transcript or policy, a plugin that
+    /// does not load), 2 when a file could not be read.
     Simulate {
         /// Transcript files.
         #[arg(required = true)]
@@ -78,12 +105,18 @@ enum Command {
         /// Apply the policy's overrides for this model.
         #[arg(long)]
         model: Option<String>,
-        /// Print one JSON object per intervention, one per line, and nothing else.
+        /// Print one JSON object per intervention (and one per plugin note, with a `note` key),
+        /// one per line, and nothing else.
         #[arg(long)]
         json: bool,
         /// Print only the interventions, not every tool call.
         #[arg(long, short)]
         quiet: bool,
+        /// Replay the transcripts together as the workers of one swarm named NAME (each file a
+        /// worker named after it, events merged by time), so that loops of the whole swarm show
+        /// (detector `group_loop`); `--json` records gain `group` and `worker`.
+        #[arg(long, value_name = "NAME")]
+        group: Option<String>,
     },
 }
 
@@ -109,6 +142,7 @@ fn main() -> ExitCode {
             model,
             json,
             quiet,
+            group,
         } => simulate::run(
             &transcripts,
             &simulate::Options {
@@ -117,8 +151,11 @@ fn main() -> ExitCode {
                 model,
                 json,
                 quiet,
+                group,
             },
         ),
+        Command::Plugins { paths, json } => plugins::run(&paths, json),
+        Command::Proxy(args) => proxy::run(args),
         Command::Schema { reference, events } => {
             if events {
                 emit(&format!(

@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use loopguard_rules::{Policy, Severity};
+use loopguard_engine::PluginLoadError;
+use loopguard_rules::{Diagnostic, Policy, Severity};
 
 use crate::{EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, ErrorFormat};
 
@@ -59,7 +60,16 @@ pub fn run(paths: &[PathBuf], format: ErrorFormat, deny_warnings: bool) -> u8 {
             }
         };
         checked += 1;
-        for diag in &loaded.diagnostics {
+        // A valid policy's plugins must load too: the file exists, speaks this ABI, and
+        // accepts its `config`.
+        let plugin_diags: Vec<Diagnostic> = match &loaded.policy {
+            Some(policy) => match loopguard_engine::load_plugins(policy) {
+                Ok(_) => Vec::new(),
+                Err(errors) => errors.iter().map(PluginLoadError::diagnostic).collect(),
+            },
+            None => Vec::new(),
+        };
+        for diag in loaded.diagnostics.iter().chain(&plugin_diags) {
             match diag.severity {
                 Severity::Error => errors += 1,
                 Severity::Warning => warnings += 1,

@@ -81,6 +81,9 @@ pub mod flags {
     /// plugin synchronizes itself. Without this bit the host serializes calls per instance (it
     /// may still make them from different threads, one at a time, so instances must be `Send`).
     pub const THREAD_SAFE: u32 = 1 << 0;
+    /// The plugin never reads [`EventView`]'s `arguments`: the host may leave them empty and skip
+    /// writing them out.
+    pub const IGNORES_ARGUMENTS: u32 = 1 << 1;
 }
 
 /// [`EventView::kind`] values. Zero is never a valid kind; a plugin should ignore kinds it does
@@ -201,6 +204,12 @@ pub type DestroyFn = unsafe extern "C" fn(instance: *mut c_void);
 /// and `len` it was handed out with. Must accept a null `ptr` (and do nothing). Must not unwind.
 pub type FreeBufferFn = unsafe extern "C" fn(ptr: *mut u8, len: usize);
 
+/// `wait_idle(instance, timeout_ms) -> status`: blocks until work the plugin started in the
+/// background (e.g. a request to a model) has finished, or `timeout_ms` passed; results then apply
+/// at the plugin's next event. Replays (`loopctl simulate`) call it after every event so they are
+/// deterministic. Serialized like [`OnEventFn`]. Returns [`status::OK`] or [`status::PANICKED`].
+pub type WaitIdleFn = unsafe extern "C" fn(instance: *mut c_void, timeout_ms: u64) -> i32;
+
 /// What a plugin is and how to call it. Returned by [`DescriptorFn`].
 ///
 /// **Static**: the descriptor and everything it points at must stay valid and unchanged for the
@@ -232,7 +241,15 @@ pub struct PluginDescriptor {
     pub destroy: Option<DestroyFn>,
     /// See [`FreeBufferFn`].
     pub free_buffer: Option<FreeBufferFn>,
+    /// See [`WaitIdleFn`]; null when the plugin does no background work. Appended after the
+    /// first version: a descriptor whose `struct_size` ends before it has none.
+    pub wait_idle: Option<WaitIdleFn>,
 }
+
+/// The size of the first version of [`PluginDescriptor`] (through `free_buffer`): the smallest
+/// descriptor a host accepts. Fields after it are optional and read as null when absent.
+pub const PLUGIN_DESCRIPTOR_MIN_SIZE: usize = core::mem::offset_of!(PluginDescriptor, free_buffer)
+    + core::mem::size_of::<Option<FreeBufferFn>>();
 
 /// One past call in the session's recent window, oldest first, as fingerprints only.
 #[repr(C)]
@@ -374,7 +391,8 @@ mod tests {
         assert_eq!(offset_of!(EventView, session), 32);
         assert_eq!(size_of::<EventView>(), 32 + 6 * 16 + 3 * 8 + 16);
         assert_eq!(size_of::<DetectionOut>(), 16 + 2 * 16);
-        assert_eq!(size_of::<PluginDescriptor>(), 16 + 3 * 16 + 4 * 8);
+        assert_eq!(size_of::<PluginDescriptor>(), 16 + 3 * 16 + 5 * 8);
+        assert_eq!(PLUGIN_DESCRIPTOR_MIN_SIZE, 16 + 3 * 16 + 4 * 8);
     }
 
     #[test]

@@ -70,6 +70,33 @@ impl PluginHost {
     /// the current directory (never searched for on the loader's library path); the policy layer
     /// resolves them against the policy file first.
     pub fn load(path: &Path, config: &serde_json::Value) -> Result<Plugin, HostError> {
+        let (path, desc) = Self::open(path)?;
+        Plugin::create(path, &desc, config)
+    }
+
+    /// Reads what a plugin says about itself (name, version, flags, config schema) without
+    /// creating an instance: the ABI version and descriptor checks of [`PluginHost::load`], no
+    /// configuration. The library stays loaded, as always.
+    pub fn describe(path: &Path) -> Result<PluginInfo, HostError> {
+        let (path, desc) = Self::open(path)?;
+        let name = descriptor_text(&path, "name", desc.name)?;
+        let version = descriptor_text(&path, "version", desc.version)?;
+        let config_schema = parse_schema(
+            &path,
+            &descriptor_text(&path, "config_schema", desc.config_schema)?,
+        )?;
+        Ok(PluginInfo {
+            path,
+            name,
+            version,
+            abi_version: desc.abi_version,
+            thread_safe: desc.flags & abi::flags::THREAD_SAFE != 0,
+            config_schema,
+        })
+    }
+
+    /// Opens the library, checks its ABI version, then reads and checks its descriptor.
+    fn open(path: &Path) -> Result<(PathBuf, PluginDescriptor), HostError> {
         let path = std::fs::canonicalize(path).map_err(|_| HostError::NotFound {
             path: path.to_path_buf(),
         })?;
@@ -116,8 +143,34 @@ impl PluginHost {
         // SAFETY: a `DescriptorFn` takes nothing and returns a static pointer (or null).
         let ptr = unsafe { descriptor_fn() };
         let desc = read_descriptor(&path, ptr)?;
-        Plugin::create(path, &desc, config)
+        Ok((path, desc))
     }
+}
+
+/// What a plugin says about itself ([`PluginHost::describe`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PluginInfo {
+    /// The library file, canonicalized.
+    pub path: PathBuf,
+    pub name: String,
+    pub version: String,
+    /// The plugin ABI version it was built for (always this host's: others are refused).
+    pub abi_version: u32,
+    /// Whether it declared itself thread-safe (its calls are then not serialized).
+    pub thread_safe: bool,
+    /// The JSON Schema of its configuration (`true` when it publishes none).
+    pub config_schema: serde_json::Value,
+}
+
+/// Parses a plugin's config schema text (empty means "anything goes").
+fn parse_schema(path: &Path, text: &str) -> Result<serde_json::Value, HostError> {
+    if text.trim().is_empty() {
+        return Ok(serde_json::Value::Bool(true));
+    }
+    serde_json::from_str(text).map_err(|e| HostError::BadDescriptor {
+        path: path.to_path_buf(),
+        reason: format!("its config schema is not JSON: {e}"),
+    })
 }
 
 /// Reads a descriptor, checking its size before reading past the first field.
@@ -138,7 +191,7 @@ fn read_descriptor(
     // SAFETY: non-null and aligned; the ABI makes `struct_size: usize` the first field of every
     // descriptor version, so reading one `usize` is in bounds whatever version wrote it.
     let size = unsafe { ptr.cast::<usize>().read() };
-    let needed = std::mem::size_of::<PluginDescriptor>();
+    let needed = abi::PLUGIN_DESCRIPTOR_MIN_SIZE;
     if size < needed {
         return Err(HostError::DescriptorTooSmall {
             path: path.to_path_buf(),
@@ -146,9 +199,23 @@ fn read_descriptor(
             needed,
         });
     }
-    // SAFETY: the plugin declares at least `needed` bytes, i.e. every field this host knows;
-    // the descriptor is static and immutable per the ABI.
-    let desc = unsafe { ptr.read() };
+    let full = std::mem::size_of::<PluginDescriptor>();
+    let desc = if size >= full {
+        // SAFETY: the plugin declares every field this host knows; the descriptor is static and
+        // immutable per the ABI.
+        unsafe { ptr.read() }
+    } else {
+        // An older, shorter descriptor: copy the bytes it has over an all-null one. Zero is a
+        // valid value of every field (integers, null text, `None` functions).
+        // SAFETY: every field of `PluginDescriptor` is valid when zeroed (see above).
+        let mut desc: PluginDescriptor = unsafe { std::mem::zeroed() };
+        // SAFETY: the plugin declares `size` readable bytes at `ptr` (static per the ABI), and
+        // `size < full` fits in `desc`; the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&raw mut desc).cast::<u8>(), size);
+        }
+        desc
+    };
     if desc.abi_version != LOOPGUARD_ABI_VERSION {
         return Err(HostError::AbiMismatch {
             path: path.to_path_buf(),
@@ -188,10 +255,12 @@ pub struct Plugin {
     version: String,
     config_schema: serde_json::Value,
     thread_safe: bool,
+    reads_arguments: bool,
     instance: *mut c_void,
     on_event_fn: OnEventFn,
     destroy_fn: DestroyFn,
     free_buffer_fn: FreeBufferFn,
+    wait_idle_fn: Option<abi::WaitIdleFn>,
     /// Serializes calls when the plugin is not thread-safe.
     lock: Mutex<()>,
     poisoned: AtomicBool,
@@ -258,14 +327,7 @@ impl Plugin {
         let version = descriptor_text(&path, "version", desc.version)?;
         let schema_text = descriptor_text(&path, "config_schema", desc.config_schema)?;
 
-        let config_schema: serde_json::Value = if schema_text.trim().is_empty() {
-            serde_json::Value::Bool(true)
-        } else {
-            serde_json::from_str(&schema_text).map_err(|e| HostError::BadDescriptor {
-                path: path.clone(),
-                reason: format!("its config schema is not JSON: {e}"),
-            })?
-        };
+        let config_schema = parse_schema(&path, &schema_text)?;
         let validator =
             jsonschema::validator_for(&config_schema).map_err(|e| HostError::BadDescriptor {
                 path: path.clone(),
@@ -330,10 +392,12 @@ impl Plugin {
             version,
             config_schema,
             thread_safe: desc.flags & abi::flags::THREAD_SAFE != 0,
+            reads_arguments: desc.flags & abi::flags::IGNORES_ARGUMENTS == 0,
             instance,
             on_event_fn,
             destroy_fn,
             free_buffer_fn,
+            wait_idle_fn: desc.wait_idle,
             lock: Mutex::new(()),
             poisoned: AtomicBool::new(false),
         })
@@ -393,6 +457,34 @@ impl Plugin {
         }
     }
 
+    /// Waits until the plugin's background work has finished or `timeout` passed (a no-op for
+    /// plugins without background work). A panic poisons the plugin, as in [`Plugin::on_event`].
+    pub fn wait_idle(&self, timeout: std::time::Duration) {
+        let Some(wait) = self.wait_idle_fn else {
+            return;
+        };
+        if self.poisoned.load(Ordering::Acquire) {
+            return;
+        }
+        let _guard =
+            (!self.thread_safe).then(|| self.lock.lock().unwrap_or_else(PoisonError::into_inner));
+        if self.poisoned.load(Ordering::Acquire) {
+            return;
+        }
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        // SAFETY: as in `on_event`: a live instance of this plugin, calls serialized unless the
+        // plugin declared THREAD_SAFE.
+        let rc = unsafe { wait(self.instance, ms) };
+        if rc == status::PANICKED {
+            self.poisoned.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the plugin does background work that [`Plugin::wait_idle`] waits for.
+    pub fn has_background_work(&self) -> bool {
+        self.wait_idle_fn.is_some()
+    }
+
     /// The plugin's own name (from its descriptor).
     pub fn name(&self) -> &str {
         &self.name
@@ -416,6 +508,12 @@ impl Plugin {
     /// Whether the plugin declared itself thread-safe (its calls are then not serialized).
     pub fn is_thread_safe(&self) -> bool {
         self.thread_safe
+    }
+
+    /// Whether the plugin reads the call arguments of an event (it did not declare
+    /// `IGNORES_ARGUMENTS`).
+    pub fn reads_arguments(&self) -> bool {
+        self.reads_arguments
     }
 
     /// Whether the plugin has panicked and is no longer called.

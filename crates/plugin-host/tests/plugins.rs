@@ -173,6 +173,24 @@ fn wrong_abi_is_refused_naming_the_file_and_both_versions() {
 }
 
 #[test]
+fn describe_reads_the_descriptor_without_creating_an_instance() {
+    let info = PluginHost::describe(&plugin_path("loopguard-plugin-similarity")).unwrap();
+    assert_eq!(info.name, "similarity");
+    assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(info.abi_version, abi::LOOPGUARD_ABI_VERSION);
+    assert!(info.path.is_absolute());
+    assert!(info.config_schema["properties"]["threshold"].is_object());
+    // The same checks as `load` come first.
+    let err = PluginHost::describe(&plugin_path("loopguard-plugin-wrong-abi")).unwrap_err();
+    assert!(
+        matches!(err, HostError::AbiMismatch { found: 9999, .. }),
+        "{err:?}"
+    );
+    let err = PluginHost::describe("/no/such/plugin.so".as_ref()).unwrap_err();
+    assert!(matches!(err, HostError::NotFound { .. }), "{err:?}");
+}
+
+#[test]
 fn unknown_status_is_an_error() {
     let plugin = load("loopguard-plugin-bad-status", Value::Null);
     assert_eq!(plugin.on_event(&call("t", "{}", 1)), Outcome::Error(77));
@@ -311,4 +329,16 @@ fn noop_overhead_per_event() {
         best = best.min(start.elapsed().as_nanos() as f64 / f64::from(n));
     }
     println!("noop plugin: {best:.1} ns per event (best of 5 runs of {n})");
+}
+
+#[test]
+fn plugins_declare_whether_they_read_arguments_and_do_background_work() {
+    let noop = load("loopguard-plugin-noop", Value::Null);
+    assert!(!noop.reads_arguments());
+    assert!(!noop.has_background_work());
+    // Waiting on a plugin without background work returns at once.
+    noop.wait_idle(std::time::Duration::from_secs(60));
+    let similarity = load("loopguard-plugin-similarity", json!({}));
+    assert!(similarity.reads_arguments());
+    assert!(!similarity.has_background_work());
 }

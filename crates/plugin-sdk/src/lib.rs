@@ -108,6 +108,17 @@ pub trait Detector: Sized + Send + 'static {
     fn on_event(&mut self, ev: &Event<'_>) -> Option<Detection>;
     /// Whether the host may call without serializing (see the crate docs on threads).
     const THREAD_SAFE: bool = false;
+
+    /// Whether the detector reads [`Event::arguments`]; when false the host may leave them empty
+    /// and save writing them out on every call.
+    const READS_ARGUMENTS: bool = true;
+
+    /// Whether the detector does work in the background that [`Detector::wait_idle`] waits for.
+    const BACKGROUND: bool = false;
+
+    /// Blocks until background work has finished or `timeout_ms` passed (only called when
+    /// [`Detector::BACKGROUND`] is true). Results should then apply at the next event.
+    fn wait_idle(&mut self, _timeout_ms: u64) {}
 }
 
 /// What kind of event an [`Event`] is.
@@ -286,6 +297,10 @@ pub mod __glue {
                 abi::flags::THREAD_SAFE
             } else {
                 0
+            } | if D::READS_ARGUMENTS {
+                0
+            } else {
+                abi::flags::IGNORES_ARGUMENTS
             },
             name: StrRef::new(D::name()),
             version: StrRef::new(D::version()),
@@ -294,6 +309,11 @@ pub mod __glue {
             on_event: Some(on_event::<D>),
             destroy: Some(destroy::<D>),
             free_buffer: Some(free_buffer),
+            wait_idle: if D::BACKGROUND {
+                Some(wait_idle::<D>)
+            } else {
+                None
+            },
         }
     }
 
@@ -465,6 +485,29 @@ pub mod __glue {
                     status::OK
                 }
             }
+        });
+        catch_unwind(body).unwrap_or_else(panicked)
+    }
+
+    /// [`abi::WaitIdleFn`] for `D`.
+    ///
+    /// # Safety
+    /// The caller follows the [`abi::WaitIdleFn`] contract; `instance` came from `create::<D>`.
+    pub unsafe extern "C" fn wait_idle<D: Detector>(instance: *mut c_void, timeout_ms: u64) -> i32 {
+        let body = AssertUnwindSafe(|| {
+            if instance.is_null() {
+                return status::INVALID_ARGUMENT;
+            }
+            // SAFETY: `instance` was produced by `create::<D>` and not yet destroyed.
+            let instance = unsafe { &*instance.cast::<Instance<D>>() };
+            let _guard = instance
+                .lock
+                .as_ref()
+                .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner));
+            // SAFETY: exclusive access, as in `on_event`.
+            let detector = unsafe { &mut *instance.detector.get() };
+            detector.wait_idle(timeout_ms);
+            status::OK
         });
         catch_unwind(body).unwrap_or_else(panicked)
     }

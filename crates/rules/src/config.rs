@@ -252,12 +252,21 @@ pub struct Time {
 /// A plugin named by the policy (loaded by the plugin host, not here).
 #[derive(Clone, Debug)]
 pub struct PluginSpec {
-    /// Resolved against the directory of the file that named it.
+    /// Resolved against the directory of the file that named it (absolute paths stay as they
+    /// are).
     pub path: std::path::PathBuf,
+    /// The path as the policy wrote it.
+    pub written_path: String,
     pub name: Option<String>,
     pub enabled: bool,
     pub ladder: Option<String>,
     pub config: serde_json::Value,
+    /// Where the `plugins:` entry is, for diagnostics about loading it.
+    pub span: crate::node::Span,
+    /// Where its `path` value is.
+    pub path_span: crate::node::Span,
+    /// Where its `config` value is, if it has one.
+    pub config_span: Option<crate::node::Span>,
 }
 
 /// The effective configuration for one (backend, model).
@@ -276,6 +285,16 @@ pub struct Config {
     pub fingerprint: Fingerprint,
     pub shell: Shell,
     pub results: Results,
+    pub group: Group,
+}
+
+/// Group (swarm) scope: one fingerprint repeated across the sessions of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub enabled: bool,
+    pub threshold: u32,
+    pub min_workers: u32,
+    pub ladder: String,
 }
 
 impl Config {
@@ -477,6 +496,7 @@ impl Config {
         let shell = section(root, "shell", &none);
         let user = section(root, "user", &none);
         let results = section(root, "results", &none);
+        let group = section(root, "group", &none);
 
         let ladders = section(root, "ladders", &none)
             .as_map()
@@ -587,6 +607,12 @@ impl Config {
                 empty_patterns: regexes(results, "empty_patterns"),
                 retryable_patterns: regexes(results, "retryable_patterns"),
                 max_bytes: u(results, "max_bytes") as usize,
+            },
+            group: Group {
+                enabled: b(group, "enabled"),
+                threshold: u(group, "threshold"),
+                min_workers: u(group, "min_workers"),
+                ladder: s(group, "ladder").unwrap_or_else(|| "group".into()),
             },
         }
     }

@@ -90,7 +90,7 @@ impl Policy {
             if diagnostics.iter().any(Diagnostic::is_error) {
                 return None;
             }
-            Some(Policy::build(path, root))
+            Some(Policy::build(path, root, &sources))
         });
         dedup(&mut diagnostics);
         Loaded {
@@ -105,7 +105,7 @@ impl Policy {
         Self::load_text(Path::new("rules/default.yaml"), DEFAULT_POLICY.to_owned())
     }
 
-    fn build(path: &Path, root: Node) -> Policy {
+    fn build(path: &Path, root: Node, sources: &SourceMap) -> Policy {
         let base = Config::from_node(&root);
         let overrides = root
             .get("overrides")
@@ -130,7 +130,7 @@ impl Policy {
                 }
             })
             .collect();
-        let plugins = plugin_specs(&root);
+        let plugins = plugin_specs(&root, path, sources);
         let file_stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
         Policy {
             name: root
@@ -159,17 +159,59 @@ impl Policy {
 
     /// The effective configuration for a backend and model: every matching override is applied
     /// over the policy, in order. Call once per session, not per event.
-    pub fn resolve(&self, backend: Option<&str>, model: Option<&str>) -> Config {
+    /// The effective configuration for a backend and model with server-level settings (the
+    /// `LOOPGUARD_*` tier) applied beneath the policy's overrides: a knob that a matching
+    /// override sets keeps the override's value. An override counts as setting `max_repeats`
+    /// when it sets any `exact_repeat.threshold`, `ttl_seconds` when it sets `time.ttl_seconds`,
+    /// and `mode` when it sets `escalation.ladder`.
+    pub fn resolve_with(
+        &self,
+        backend: Option<&str>,
+        model: Option<&str>,
+        server: &crate::tiers::Settings,
+    ) -> Config {
+        let mut config = self.resolve(backend, model);
+        if server.is_empty() {
+            return config;
+        }
+        let mut server = server.clone();
+        for o in self.matching(backend, model) {
+            if sets_exact_threshold(&o.node) {
+                server.max_repeats = None;
+            }
+            if o.node
+                .get("time")
+                .and_then(|t| t.get("ttl_seconds"))
+                .is_some()
+            {
+                server.ttl_seconds = None;
+            }
+            if o.node
+                .get("escalation")
+                .and_then(|e| e.get("ladder"))
+                .is_some()
+            {
+                server.mode = None;
+            }
+        }
+        server.apply(&mut config);
+        config
+    }
+
+    fn matching(&self, backend: Option<&str>, model: Option<&str>) -> Vec<&Override> {
         let fits = |m: &Option<GlobMatcher>, v: Option<&str>| match (m, v) {
             (None, _) => true,
             (Some(m), Some(v)) => m.is_match(v),
             (Some(_), None) => false,
         };
-        let matching: Vec<&Override> = self
-            .overrides
+        self.overrides
             .iter()
             .filter(|o| fits(&o.backend, backend) && fits(&o.model, model))
-            .collect();
+            .collect()
+    }
+
+    pub fn resolve(&self, backend: Option<&str>, model: Option<&str>) -> Config {
+        let matching = self.matching(backend, model);
         if matching.is_empty() {
             return self.base.clone();
         }
@@ -447,15 +489,25 @@ fn canonical(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-fn plugin_specs(root: &Node) -> Vec<PluginSpec> {
+/// The `plugins:` entries, each path resolved against the directory of the file that wrote it
+/// (`plugins:` lists are replaced, not merged, by `extends`, so that may be a parent file).
+fn plugin_specs(root: &Node, path: &Path, sources: &SourceMap) -> Vec<PluginSpec> {
     root.get("plugins")
         .and_then(Node::as_seq)
         .unwrap_or_default()
         .iter()
         .filter_map(|p| {
-            let rel = p.get("path")?.as_str()?;
+            let path_node = p.get("path")?;
+            let rel = path_node.as_str()?;
+            let file = sources
+                .get(path_node.span.source)
+                .map_or(path, |s| s.path.as_path());
             Some(PluginSpec {
-                path: PathBuf::from(rel),
+                path: file.parent().unwrap_or(Path::new("")).join(rel),
+                written_path: rel.to_owned(),
+                span: p.span,
+                path_span: path_node.span,
+                config_span: p.get("config").map(|c| c.span),
                 name: p.get("name").and_then(Node::as_str).map(str::to_owned),
                 enabled: !matches!(p.get("enabled").map(|n| &n.value), Some(Value::Bool(false))),
                 ladder: p.get("ladder").and_then(Node::as_str).map(str::to_owned),
@@ -511,4 +563,21 @@ fn dedup(diagnostics: &mut Vec<Diagnostic>) {
             true
         }
     });
+}
+
+/// Whether an override sets an `exact_repeat.threshold` anywhere (top level or a category).
+fn sets_exact_threshold(node: &Node) -> bool {
+    let direct = |n: &Node| {
+        n.get("detectors")
+            .and_then(|d| d.get("exact_repeat"))
+            .and_then(|e| e.get("threshold"))
+            .is_some()
+    };
+    if direct(node) {
+        return true;
+    }
+    match node.get("categories").map(|c| &c.value) {
+        Some(Value::Map(entries)) => entries.iter().any(|(_, c)| direct(c)),
+        _ => false,
+    }
 }

@@ -91,6 +91,7 @@ pub const PLACEHOLDERS: &[&str] = &[
     "file",
     "flags",
     "action",
+    "workers",
 ];
 
 /// Names of the built-in detectors, in the order the engine runs them.
@@ -698,6 +699,33 @@ const ESCALATION: &[Field] = &[f(
     "ladder used when neither the category nor the detector names one (the mode: e.g. `break`, `chance_then_break`)",
 )];
 
+const GROUP: &[Field] = &[
+    f(
+        "enabled",
+        BOOL,
+        Some("true"),
+        "count fingerprints across the sessions of a group (a swarm of workers on one task)",
+    ),
+    f(
+        "threshold",
+        int(2, 1_000_000),
+        Some("10"),
+        "a fingerprint seen this many times across the group is a group-wide loop",
+    ),
+    f(
+        "min_workers",
+        int(1, 10_000),
+        Some("2"),
+        "only when at least this many different workers produced it",
+    ),
+    f(
+        "ladder",
+        STR,
+        Some("group"),
+        "ladder for group-wide loops; its messages go to every worker that continues the loop",
+    ),
+];
+
 const MATCH: &[Field] = &[
     f(
         "backend",
@@ -730,13 +758,13 @@ const DEFAULT_LADDERS: &str = r#"
 default:
   - repeat: 1
     action: warn
-    message: "You have called {tool} {count} times with the same effect ({detector}). Stop repeating it: change the arguments, try a different tool, or explain what is blocking you."
+    message: "Loop detected: {pattern} ({detector}, {count} times; latest call: {tool}). Stop repeating it: change the arguments, try a different tool, or explain what is blocking you."
   - repeat: 2
     action: block
-    message: "Refused: {tool} was repeated {count} times ({detector}). The call was not run. Change your approach."
+    message: "Refused: the loop goes on, {pattern} ({detector}, {count} times; latest call: {tool}). The call was not run. Change your approach."
   - repeat: 3
     action: terminate
-    message: "Stopped: the agent kept looping on {tool} ({detector}, {count} times) after being warned and refused."
+    message: "Stopped: the agent kept repeating {pattern} ({detector}, {count} times; latest call: {tool}) after being warned and refused."
 break:
   - repeat: 1
     action: block
@@ -754,6 +782,16 @@ chance_then_break:
   - repeat: 4
     action: terminate
     message: "Stopped: {tool} kept being called with the same arguments ({count} times)."
+group:
+  - repeat: 1
+    action: warn
+    message: "The whole swarm is stuck on this approach: {workers} workers have made this {tool} call {count} times between them. Stop repeating it and try a different approach."
+  - repeat: 3
+    action: block
+    message: "Refused: the swarm has made this {tool} call {count} times across {workers} workers without progress. The call was not run. Take a different approach."
+  - repeat: 10
+    action: terminate
+    message: "Stopped: the swarm kept repeating this {tool} call ({count} times across {workers} workers) after being warned and refused."
 "#;
 
 /// Sections that a `overrides` entry may change (everything but metadata, extends and plugins).
@@ -799,6 +837,7 @@ const OVERRIDE: &[Field] = &[
     ),
     f("shell", Kind::Section(SHELL), None, "see `shell`"),
     f("results", Kind::Section(RESULTS), None, "see `results`"),
+    f("group", Kind::Section(GROUP), None, "see `group`"),
 ];
 
 /// The top level of a policy file.
@@ -880,6 +919,12 @@ pub const POLICY: &[Field] = &[
         Kind::Section(RESULTS),
         None,
         "what is masked before results are compared",
+    ),
+    f(
+        "group",
+        Kind::Section(GROUP),
+        None,
+        "group (swarm) scope: loops spread across the sessions of one group",
     ),
     f(
         "overrides",

@@ -409,6 +409,7 @@ fn check_ladder_refs(root: &Node, out: &mut Vec<Diagnostic>) {
     let names = ladder_names(root);
     let mut refs: Vec<&Node> = Vec::new();
     refs.extend(root.path("escalation.ladder"));
+    refs.extend(root.path("group.ladder"));
     fn detector_refs<'a>(d: Option<&'a Node>, refs: &mut Vec<&'a Node>) {
         for (_, det) in d.and_then(Node::as_map).unwrap_or_default() {
             refs.extend(det.get("ladder"));

@@ -1,6 +1,10 @@
 //! Detectors that run when a call arrives: exact_repeat, fuzzy_repeat, cycle, interleaved,
 //! unknown_tool. The current call is the newest record of the window.
+//!
+//! On the hot path, [`scan`] runs exact_repeat, fuzzy_repeat, interleaved and unknown_tool in
+//! one pass over the window; the one-detector functions give the same answers one at a time.
 
+use loopguard_rules::Detectors;
 use loopguard_rules::config::{Cycle, ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
 
 use super::{Det, Detection, Involved, Record, Window, flag};
@@ -101,15 +105,19 @@ pub fn cycle(w: &Window<'_>, p: &Cycle, allowance: u32) -> Option<Detection> {
         if need > w.len() {
             break;
         }
-        let distinct = (1..per).any(|k| w.get(k).is_some_and(|r| r.exact != cur.exact));
-        if !distinct {
-            continue;
-        }
         let step = |i: usize| match (w.get(i), w.get(i + per)) {
             (Some(a), Some(b)) => same_step(a, b),
             _ => false,
         };
-        if !(0..need - per).all(step) {
+        // The current call one period back is the cheapest condition to check, so first.
+        if !step(0) {
+            continue;
+        }
+        let distinct = (1..per).any(|k| w.get(k).is_some_and(|r| r.exact != cur.exact));
+        if !distinct {
+            continue;
+        }
+        if !(1..need - per).all(step) {
             continue;
         }
         let mut run = need;
@@ -187,4 +195,336 @@ pub fn unknown_tool(w: &Window<'_>, p: &UnknownTool, unknown: bool) -> Option<De
         start_seq: w.seq(start),
         ..Detection::new(Det::UnknownTool, u64::from(cur.tool), count, p.threshold)
     })
+}
+
+/// Every detector that runs when a call arrives, in detector order: exact_repeat,
+/// fuzzy_repeat, cycle, interleaved, unknown_tool. A call that is an exact repeat is not also
+/// reported as a fuzzy one. `unknown`: see [`scan`].
+pub fn detect(
+    w: &Window<'_>,
+    d: &Detectors,
+    allowance: u32,
+    unknown: bool,
+) -> [Option<Detection>; 5] {
+    let found = scan(w, d, allowance, unknown);
+    [
+        found.exact,
+        found.fuzzy.filter(|_| found.exact.is_none()),
+        cycle(w, &d.cycle, allowance),
+        found.interleaved,
+        found.unknown,
+    ]
+}
+
+/// What [`scan`] found: the answers of [`exact_repeat`], [`fuzzy_repeat`], [`interleaved`] and
+/// [`unknown_tool`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scan {
+    pub exact: Option<Detection>,
+    pub fuzzy: Option<Detection>,
+    pub interleaved: Option<Detection>,
+    pub unknown: Option<Detection>,
+}
+
+/// The state of one repeat count ([`repeat_count`]) during a [`scan`].
+#[derive(Clone, Copy)]
+struct Repeat {
+    /// Still counting (no `break` yet).
+    on: bool,
+    count: u32,
+    start: usize,
+    /// The exact key and digest of the newest counted call with a real result.
+    newer: Option<(u64, u32)>,
+}
+
+impl Repeat {
+    fn new(on: bool) -> Repeat {
+        Repeat {
+            on,
+            count: 1,
+            start: 0,
+            newer: None,
+        }
+    }
+
+    /// One older record `r` at position `k`: the body of [`repeat_count`]'s loop.
+    #[inline(always)]
+    fn step(
+        &mut self,
+        k: usize,
+        r: &Record,
+        same: bool,
+        consecutive: bool,
+        reset: bool,
+        fuzzy: bool,
+    ) {
+        if !same {
+            self.on &= !consecutive;
+            return;
+        }
+        if r.has(flag::WAIT) || (r.has(flag::RESULT) && r.has(flag::RETRYABLE)) {
+            return;
+        }
+        if reset && r.real_result() {
+            if let Some((exact, digest)) = self.newer
+                && (!fuzzy || exact == r.exact)
+                && digest != r.digest
+            {
+                self.on = false;
+                return;
+            }
+            self.newer = Some((r.exact, r.digest));
+        }
+        self.count += 1;
+        self.start = k;
+    }
+}
+
+/// The state of [`interleaved`] during a [`scan`].
+#[derive(Clone, Copy)]
+struct Interleave {
+    on: bool,
+    count: u32,
+    start: usize,
+    digest: Option<u32>,
+    gap: bool,
+    last: usize,
+}
+
+impl Interleave {
+    #[inline(always)]
+    fn step(&mut self, k: usize, r: &Record, cur: &Record, failures_only: bool) {
+        if r.exact != cur.exact || (r.has(flag::RESULT) && r.has(flag::RETRYABLE)) {
+            return;
+        }
+        if failures_only {
+            if !r.failed() {
+                self.on = false;
+                return;
+            }
+            match self.digest {
+                None => self.digest = Some(r.digest),
+                Some(d) if d != r.digest => {
+                    self.on = false;
+                    return;
+                }
+                Some(_) => {}
+            }
+        }
+        self.gap |= k > self.last + 1;
+        self.last = k;
+        self.count += 1;
+        self.start = k;
+    }
+}
+
+/// exact_repeat, fuzzy_repeat, interleaved and unknown_tool in one pass over the window,
+/// newest first, stopping once none of them can change its answer. `unknown`: the tool is not
+/// among the known tools, or a result said it does not exist.
+pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Scan {
+    let Some(cur) = w.get(0) else {
+        return Scan::default();
+    };
+    let (pe, pf, pi, pu) = (
+        &d.exact_repeat,
+        &d.fuzzy_repeat,
+        &d.interleaved,
+        &d.unknown_tool,
+    );
+    let waiting = cur.has(flag::WAIT);
+    let mut exact = Repeat::new(pe.enabled && !waiting);
+    let mut fuzzy = Repeat::new(pf.enabled && !waiting);
+    let mut inter = Interleave {
+        on: pi.enabled && !waiting,
+        count: 1,
+        start: 0,
+        digest: None,
+        gap: false,
+        last: 0,
+    };
+    let count_tool = pu.enabled && unknown;
+    let (mut tool_count, mut tool_start) = (1u32, 0usize);
+    let (exact_on, fuzzy_on, inter_on) = (exact.on, fuzzy.on, inter.on);
+
+    for k in 1..w.len() {
+        if !(exact.on || fuzzy.on || inter.on || count_tool) {
+            break;
+        }
+        let Some(r) = w.get(k) else {
+            break;
+        };
+        // Most records share nothing with the current call (the tool matters only when its
+        // calls are counted).
+        if r.exact != cur.exact && r.fuzzy != cur.fuzzy && (!count_tool || r.tool != cur.tool) {
+            exact.on &= !pe.consecutive;
+            continue;
+        }
+        if exact.on {
+            let same = r.exact == cur.exact;
+            exact.step(
+                k,
+                r,
+                same,
+                pe.consecutive,
+                pe.reset_on_changed_result,
+                false,
+            );
+        }
+        if fuzzy.on {
+            let same = r.fuzzy == cur.fuzzy;
+            fuzzy.step(k, r, same, false, pf.reset_on_changed_result, true);
+        }
+        if inter.on {
+            inter.step(k, r, cur, pi.failures_only);
+        }
+        if count_tool && r.tool == cur.tool {
+            tool_count += 1;
+            tool_start = k;
+        }
+    }
+
+    let detection =
+        |det: Det, key: u64, count: u32, threshold: u32, involved, start: usize| Detection {
+            tool: Some(cur.tool),
+            involved,
+            start_seq: w.seq(start),
+            ..Detection::new(det, key, count, threshold)
+        };
+    Scan {
+        exact: (exact_on && exact.count >= pe.threshold.saturating_add(allowance)).then(|| {
+            let e = cur.exact;
+            detection(
+                Det::ExactRepeat,
+                e,
+                exact.count,
+                pe.threshold,
+                Involved::Exact(e),
+                exact.start,
+            )
+        }),
+        fuzzy: (fuzzy_on && fuzzy.count >= pf.threshold.saturating_add(allowance)).then(|| {
+            let f = cur.fuzzy;
+            detection(
+                Det::FuzzyRepeat,
+                f,
+                fuzzy.count,
+                pf.threshold,
+                Involved::Fuzzy(f),
+                fuzzy.start,
+            )
+        }),
+        interleaved: (inter_on
+            && inter.gap
+            && inter.count >= pi.threshold.saturating_add(allowance))
+        .then(|| {
+            let e = cur.exact;
+            detection(
+                Det::Interleaved,
+                e,
+                inter.count,
+                pi.threshold,
+                Involved::Exact(e),
+                inter.start,
+            )
+        }),
+        unknown: (count_tool && tool_count >= pu.threshold).then(|| {
+            let t = cur.tool;
+            detection(
+                Det::UnknownTool,
+                u64::from(t),
+                tool_count,
+                pu.threshold,
+                Involved::Tool(t),
+                tool_start,
+            )
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn record() -> impl Strategy<Value = Record> {
+        // Few distinct keys, digests and tools, so that matches are common.
+        (0u64..3, 0u64..3, 0u32..2, 0u16..2, any::<u16>()).prop_map(
+            |(exact, fuzzy, digest, tool, flags)| Record {
+                exact,
+                fuzzy: fuzzy.min(exact),
+                call: 0,
+                digest,
+                time: 0,
+                tool,
+                flags: flags & 0x1ff,
+            },
+        )
+    }
+
+    fn detectors(
+        consecutive: bool,
+        reset: [bool; 2],
+        failures_only: bool,
+        enabled: [bool; 4],
+        thresholds: [u32; 4],
+    ) -> Detectors {
+        static DEFAULT: std::sync::OnceLock<Detectors> = std::sync::OnceLock::new();
+        let mut d = DEFAULT
+            .get_or_init(|| {
+                loopguard_rules::Policy::builtin_default()
+                    .policy
+                    .unwrap()
+                    .resolve(None, None)
+                    .detectors
+            })
+            .clone();
+        d.exact_repeat.consecutive = consecutive;
+        d.exact_repeat.reset_on_changed_result = reset[0];
+        d.fuzzy_repeat.reset_on_changed_result = reset[1];
+        d.interleaved.failures_only = failures_only;
+        d.exact_repeat.enabled = enabled[0];
+        d.fuzzy_repeat.enabled = enabled[1];
+        d.interleaved.enabled = enabled[2];
+        d.unknown_tool.enabled = enabled[3];
+        d.exact_repeat.threshold = thresholds[0];
+        d.fuzzy_repeat.threshold = thresholds[1];
+        d.interleaved.threshold = thresholds[2];
+        d.unknown_tool.threshold = thresholds[3];
+        d
+    }
+
+    proptest! {
+        /// The one-pass scan answers exactly as the one-detector functions do, for any window
+        /// (wrapped or not, partly expired) and any settings.
+        #[test]
+        fn scan_matches_the_detectors_one_by_one(
+            ring in prop::collection::vec(record(), 1..12),
+            start in 0usize..12,
+            filled in 1usize..12,
+            expired in 0usize..12,
+            settings in (any::<bool>(), any::<[bool; 2]>(), any::<bool>(), any::<[bool; 4]>()),
+            thresholds in prop::array::uniform4(1u32..5),
+            allowance in 0u32..3,
+            unknown in any::<bool>(),
+        ) {
+            let filled = filled.min(ring.len());
+            let w = Window {
+                buf: &ring,
+                start: start % ring.len(),
+                filled,
+                live: filled - expired.min(filled - 1),
+                newest_seq: 100,
+            };
+            let (consecutive, reset, failures_only, enabled) = settings;
+            let d = detectors(consecutive, reset, failures_only, enabled, thresholds);
+            let one_by_one = Scan {
+                exact: exact_repeat(&w, &d.exact_repeat, allowance),
+                fuzzy: fuzzy_repeat(&w, &d.fuzzy_repeat, allowance),
+                interleaved: interleaved(&w, &d.interleaved, allowance),
+                unknown: unknown_tool(&w, &d.unknown_tool, unknown),
+            };
+            prop_assert_eq!(scan(&w, &d, allowance, unknown), one_by_one);
+        }
+    }
 }

@@ -21,6 +21,9 @@ pub enum Det {
     TextRepeat,
     Chanting,
     UnknownTool,
+    /// The group (swarm) scope: one fingerprint repeated across the workers of a group. Not a
+    /// policy detector (its parameters are the policy's `group` section).
+    GroupLoop,
 }
 
 impl Det {
@@ -38,6 +41,7 @@ impl Det {
             Det::TextRepeat => "text_repeat",
             Det::Chanting => "chanting",
             Det::UnknownTool => "unknown_tool",
+            Det::GroupLoop => "group_loop",
         }
     }
 
@@ -56,6 +60,7 @@ impl Det {
             Det::TextRepeat => "the same text",
             Det::Chanting => "a repeated sentence or paragraph",
             Det::UnknownTool => "a tool that does not exist",
+            Det::GroupLoop => "the same call across the workers of a swarm",
         }
     }
 
@@ -152,18 +157,24 @@ impl<'a> Window<'a> {
         self.newest_seq.wrapping_sub(k as u32)
     }
 
-    /// Live records, newest first.
-    pub fn iter(&self) -> impl Iterator<Item = &'a Record> + 'a {
+    /// The filled records as two slices, `(newer, older)`: newest first is `newer` backwards,
+    /// then `older` backwards (only the first [`Window::len`] of them are live).
+    pub fn parts(&self) -> (&'a [Record], &'a [Record]) {
         let cap = self.buf.len();
         let end = self.start + self.filled;
-        let (older, newer): (&'a [Record], &'a [Record]) = if end <= cap {
-            (self.buf.get(self.start..end).unwrap_or_default(), &[])
+        if end <= cap {
+            (&[], self.buf.get(self.start..end).unwrap_or_default())
         } else {
             (
-                self.buf.get(self.start..).unwrap_or_default(),
                 self.buf.get(..end - cap).unwrap_or_default(),
+                self.buf.get(self.start..).unwrap_or_default(),
             )
-        };
+        }
+    }
+
+    /// Live records, newest first.
+    pub fn iter(&self) -> impl Iterator<Item = &'a Record> + 'a {
+        let (newer, older) = self.parts();
         newer.iter().rev().chain(older.iter().rev()).take(self.live)
     }
 }

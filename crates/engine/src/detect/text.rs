@@ -6,7 +6,8 @@ use std::hash::BuildHasherDefault;
 
 use loopguard_rules::config::Chanting;
 
-use crate::hash::StreamHasher;
+use crate::fingerprint::plain;
+use crate::hash::{MapHasher, StreamHasher};
 
 /// Digests of the most recent turns kept per session.
 pub const TURNS: usize = 8;
@@ -21,21 +22,56 @@ pub struct TurnText {
 
 impl TurnText {
     pub fn feed(&mut self, s: &str) {
-        for ch in s.chars() {
+        // The normalized text goes to the hasher a block at a time.
+        let mut out = Block::default();
+        let mut rest = s;
+        while let Some(&first) = rest.as_bytes().first() {
+            if first.is_ascii() {
+                // A run of ASCII: whitespace, or a word.
+                if is_ascii_space(first) {
+                    self.space = self.chars > 0;
+                    rest = rest.get(1..).unwrap_or("");
+                    continue;
+                }
+                self.separate(&mut out);
+                let run = rest
+                    .bytes()
+                    .position(|b| !b.is_ascii() || is_ascii_space(b))
+                    .unwrap_or(rest.len());
+                let (word, tail) = rest.split_at(run);
+                out.extend_lowercase(&mut self.h, word.as_bytes());
+                self.chars = self
+                    .chars
+                    .saturating_add(u32::try_from(run).unwrap_or(u32::MAX));
+                rest = tail;
+                continue;
+            }
+            let Some(ch) = rest.chars().next() else {
+                break;
+            };
+            rest = rest.get(ch.len_utf8()..).unwrap_or("");
             if ch.is_whitespace() {
                 self.space = self.chars > 0;
                 continue;
             }
-            if self.space {
-                self.h.byte(b' ');
-                self.chars = self.chars.saturating_add(1);
-                self.space = false;
-            }
+            self.separate(&mut out);
             let mut b = [0u8; 4];
             for lc in ch.to_lowercase() {
-                self.h.bytes(lc.encode_utf8(&mut b).as_bytes());
+                for &x in lc.encode_utf8(&mut b).as_bytes() {
+                    out.push(&mut self.h, x);
+                }
             }
             self.chars = self.chars.saturating_add(1);
+        }
+        out.flush(&mut self.h);
+    }
+
+    /// The single space a run of whitespace between two words becomes.
+    fn separate(&mut self, out: &mut Block) {
+        if self.space {
+            out.push(&mut self.h, b' ');
+            self.chars = self.chars.saturating_add(1);
+            self.space = false;
         }
     }
 
@@ -47,7 +83,102 @@ impl TurnText {
     }
 }
 
-type Counts = HashMap<u64, u32, BuildHasherDefault<StreamHasher>>;
+/// A session's text state, allocated when its first text arrives (sessions that only call
+/// tools keep none): the turn being hashed, the digests of recent turns, the monologue count and
+/// the chanting detector's state for the message being written.
+#[derive(Debug, Default)]
+pub struct TextState {
+    pub turn: TurnText,
+    /// Digests of the most recent turns, a ring of `turns_len` entries.
+    pub turns: [u64; TURNS],
+    pub turns_len: usize,
+    pub turns_next: usize,
+    /// Turns seen; never reset, so each turn is a distinct escalation occasion.
+    pub turn_no: u64,
+    /// Consecutive turns without a tool call.
+    pub monologue: u32,
+    /// Dropped when a message ends, so idle sessions keep no text buffers.
+    pub chant: Option<Box<Chant>>,
+}
+
+impl TextState {
+    /// A call or a user message ends the turn being written; it was not a monologue.
+    pub fn end_turn(&mut self) {
+        self.monologue = 0;
+        self.turn = TurnText::default();
+        self.chant = None;
+    }
+
+    /// Forgets the digests of recent turns.
+    pub fn forget_turns(&mut self) {
+        self.turns_len = 0;
+        self.turns_next = 0;
+    }
+
+    /// Heap bytes held besides the state itself.
+    pub fn heap_bytes(&self) -> usize {
+        self.chant
+            .as_ref()
+            .map_or(0, |_| std::mem::size_of::<Chant>())
+    }
+}
+
+/// Bytes on their way to a hasher, a block at a time.
+struct Block {
+    buf: [u8; 128],
+    len: usize,
+}
+
+impl Default for Block {
+    fn default() -> Block {
+        Block {
+            buf: [0; 128],
+            len: 0,
+        }
+    }
+}
+
+impl Block {
+    #[inline]
+    fn push(&mut self, h: &mut StreamHasher, b: u8) {
+        if self.len == self.buf.len() {
+            self.flush(h);
+        }
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+
+    /// Pushes ASCII bytes, lowercased.
+    fn extend_lowercase(&mut self, h: &mut StreamHasher, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.len == self.buf.len() {
+                self.flush(h);
+            }
+            let room = self.buf.get_mut(self.len..).unwrap_or_default();
+            let n = room.len().min(bytes.len());
+            let (now, later) = bytes.split_at(n);
+            for (o, &b) in room.iter_mut().zip(now) {
+                *o = b.to_ascii_lowercase();
+            }
+            self.len += n;
+            bytes = later;
+        }
+    }
+
+    fn flush(&mut self, h: &mut StreamHasher) {
+        h.bytes(self.buf.get(..self.len).unwrap_or_default());
+        self.len = 0;
+    }
+}
+
+/// `char::is_whitespace` for an ASCII byte.
+fn is_ascii_space(b: u8) -> bool {
+    matches!(b, b'\t'..=b'\r' | b' ')
+}
+
+type Counts = HashMap<u64, u32, BuildHasherDefault<MapHasher>>;
 
 /// Per-message state of the chanting detector. Complete lines are processed once, as they
 /// arrive; only the unfinished line is buffered.
@@ -83,13 +214,23 @@ fn is_list_item(t: &str) -> bool {
 fn unit_hash(tag: u8, s: &str) -> u64 {
     let mut h = StreamHasher::new();
     h.byte(tag);
+    feed_words(&mut h, s);
+    h.finish()
+}
+
+/// Feeds the words of `s` (split at Unicode whitespace), joined by single spaces; text already
+/// in that form goes in as it is.
+fn feed_words(h: &mut StreamHasher, s: &str) {
+    if plain(s.as_bytes(), false) {
+        h.bytes(s.as_bytes());
+        return;
+    }
     for (i, w) in s.split_whitespace().enumerate() {
         if i > 0 {
             h.byte(b' ');
         }
         h.bytes(w.as_bytes());
     }
-    h.finish()
 }
 
 impl Chant {
@@ -250,12 +391,7 @@ impl Chant {
         if self.para_lines > 0 {
             self.para.byte(b' ');
         }
-        for (i, w) in t.split_whitespace().enumerate() {
-            if i > 0 {
-                self.para.byte(b' ');
-            }
-            self.para.bytes(w.as_bytes());
-        }
+        feed_words(&mut self.para, t);
         self.para_chars += t.chars().count();
         self.para_lines += 1;
     }
@@ -366,6 +502,48 @@ mod tests {
         #[test]
         fn chanting_never_panics(s in "[ -~\\né€😀|#`*-]{0,200}", chunk in 1usize..17) {
             let _ = run(&s, chunk);
+        }
+    }
+
+    /// The reference: one char at a time.
+    fn turn_digest_slow(parts: &[&str]) -> (u64, u32) {
+        let mut h = StreamHasher::new();
+        let (mut chars, mut space) = (0u32, false);
+        for ch in parts.iter().flat_map(|p| p.chars()) {
+            if ch.is_whitespace() {
+                space = chars > 0;
+                continue;
+            }
+            if space {
+                h.byte(b' ');
+                chars += 1;
+                space = false;
+            }
+            let mut b = [0u8; 4];
+            for lc in ch.to_lowercase() {
+                h.bytes(lc.encode_utf8(&mut b).as_bytes());
+            }
+            chars += 1;
+        }
+        (h.finish(), chars)
+    }
+
+    proptest::proptest! {
+        /// Turn digests are those of the char-by-char definition, however the text is chunked.
+        #[test]
+        fn turn_text_matches_the_char_by_char_definition(
+            s in "[ -~\t\n\x0b\x0cÉé€ İ\u{2003}\u{85}]{0,150}",
+            cut in 0usize..150,
+        ) {
+            let mut cut = cut.min(s.len());
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let (a, b) = s.split_at(cut);
+            let mut t = TurnText::default();
+            t.feed(a);
+            t.feed(b);
+            proptest::prop_assert_eq!(t.take(), turn_digest_slow(&[a, b]));
         }
     }
 

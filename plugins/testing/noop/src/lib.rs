@@ -37,6 +37,9 @@ impl Detector for Noop {
     }
 
     const THREAD_SAFE: bool = false;
+
+    // It reads nothing, so the host need not write the arguments out for it.
+    const READS_ARGUMENTS: bool = false;
 }
 
 export_plugin!(Noop);

@@ -1,0 +1,329 @@
+//! Snapshots of session and group state, so that a host can checkpoint and resume.
+//!
+//! [`Engine::snapshot_session`](crate::Engine::snapshot_session) writes one session as a JSON
+//! object; [`Engine::snapshot`](crate::Engine::snapshot) writes every session and, when the engine
+//! keeps group counters in memory, the group state too. Restoring either into a new engine (with
+//! the same policy) and observing the rest of the events gives the same verdicts as an engine that
+//! was never interrupted.
+//!
+//! # Format
+//!
+//! Every snapshot is a JSON object whose `version` field is read first: a version newer than this
+//! build writes is refused ([`SnapshotError::TooNew`]); an older one is migrated by the reader kept
+//! for it, or refused ([`SnapshotError::TooOld`]) when it is older than
+//! [`OLDEST_READABLE_VERSION`]. The rest is then read strictly (unknown fields are errors) and
+//! checked for consistency, so a corrupted snapshot is rejected with a message saying what is
+//! wrong, and nothing is half restored. 64-bit hashes are written as 16 hex digits (JSON numbers
+//! above 2^53 do not survive every JSON reader).
+//!
+//! A session snapshot holds the session's settings tier, its group membership (group, worker and
+//! the group loops' escalation counters), its window of calls (fingerprints, result digests and
+//! flags, with tool *names*, so that the snapshot does not depend on the order in which an engine
+//! first saw its tools), the ids of its last few calls, its loop counters, its text state between
+//! turns, and a refusal waiting for the next call. Not in it: a streamed text turn still being
+//! written (a snapshot taken mid-stream restarts that turn) and the per-session state of detector
+//! plugins (plugins start over).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The snapshot format this build writes.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// The oldest snapshot format this build reads (migrating it to [`SNAPSHOT_VERSION`]).
+pub const OLDEST_READABLE_VERSION: u32 = 1;
+
+/// Why a snapshot could not be read or restored.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// Not a JSON object, or not shaped like a snapshot (a field missing, unknown, of the wrong
+    /// type).
+    #[error("malformed snapshot: {0}")]
+    Malformed(String),
+    /// No `version` field.
+    #[error("snapshot has no `version` field")]
+    MissingVersion,
+    /// Written by a newer loopguard.
+    #[error(
+        "snapshot format version {found} is newer than this build reads (up to {supported}); \
+         restore it with the loopguard version that wrote it or a newer one"
+    )]
+    TooNew {
+        /// The snapshot's version.
+        found: u64,
+        /// The newest version this build reads.
+        supported: u32,
+    },
+    /// Older than any format this build can migrate.
+    #[error(
+        "snapshot format version {found} is too old to migrate (this build reads versions \
+         {oldest} and later)"
+    )]
+    TooOld {
+        /// The snapshot's version.
+        found: u64,
+        /// The oldest version this build reads.
+        oldest: u32,
+    },
+    /// Well-formed but inconsistent: corrupted or edited by hand.
+    #[error("invalid snapshot of session `{session}`: {reason}")]
+    Invalid {
+        /// The session at fault.
+        session: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The group state in the snapshot is invalid.
+    #[error(transparent)]
+    Group(#[from] loopguard_store::SnapshotError),
+    /// The snapshot holds group state, but this engine keeps its group counters in a shared store
+    /// (which keeps them itself), not in memory.
+    #[error(
+        "the snapshot holds the state of {groups} group(s), but this engine keeps group counters in \
+         a shared store, not in memory; restore it into an engine with the in-memory store"
+    )]
+    GroupStoreNotInMemory {
+        /// Groups in the snapshot.
+        groups: usize,
+    },
+}
+
+/// Checks the `version` of a snapshot object and returns its other fields, migrated to the
+/// current format.
+pub(crate) fn open(snapshot: &Value) -> Result<Map<String, Value>, SnapshotError> {
+    let Value::Object(fields) = snapshot else {
+        return Err(SnapshotError::Malformed(
+            "expected a JSON object with a `version` field".to_owned(),
+        ));
+    };
+    let version = match fields.get("version") {
+        None => return Err(SnapshotError::MissingVersion),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            SnapshotError::Malformed(format!("`version` must be a whole number, found `{v}`"))
+        })?,
+    };
+    if version > u64::from(SNAPSHOT_VERSION) {
+        return Err(SnapshotError::TooNew {
+            found: version,
+            supported: SNAPSHOT_VERSION,
+        });
+    }
+    if version < u64::from(OLDEST_READABLE_VERSION) {
+        return Err(SnapshotError::TooOld {
+            found: version,
+            oldest: OLDEST_READABLE_VERSION,
+        });
+    }
+    // One reader per version still read, each migrating to the next; version 1 is current.
+    let mut fields = fields.clone();
+    fields.remove("version");
+    Ok(fields)
+}
+
+/// Reads the body of a (current-format) snapshot strictly.
+pub(crate) fn body<T: for<'de> Deserialize<'de>>(
+    fields: Map<String, Value>,
+) -> Result<T, SnapshotError> {
+    serde_json::from_value(Value::Object(fields))
+        .map_err(|e| SnapshotError::Malformed(e.to_string()))
+}
+
+/// A snapshot object: `version` first, then the body's fields.
+pub(crate) fn seal<T: Serialize>(body: &T) -> Value {
+    let mut out = Map::new();
+    out.insert("version".to_owned(), Value::from(SNAPSHOT_VERSION));
+    // Serializing plain structs of strings, integers and maps with string keys cannot fail.
+    if let Ok(Value::Object(fields)) = serde_json::to_value(body) {
+        out.extend(fields);
+    }
+    Value::Object(out)
+}
+
+/// Version 1 of a session's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionV1 {
+    #[serde(default, skip_serializing_if = "SettingsV1::is_empty")]
+    pub settings: SettingsV1,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<MemberV1>,
+    /// Calls seen since the session started or was reset (the newest window record's seq).
+    pub seq: u32,
+    /// Event time of the session's first event (records keep times relative to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_ms: Option<u64>,
+    pub last_ms: u64,
+    /// The window, oldest first.
+    pub window: Vec<RecordV1>,
+    /// The ids of the last few calls.
+    pub call_ids: Vec<CallIdV1>,
+    pub flags: u32,
+    pub loops: Vec<LoopV1>,
+    pub allowance: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<TextV1>,
+    /// Tools a result said do not exist.
+    pub unknown_tools: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub armed: Option<ArmedV1>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SettingsV1 {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_repeats: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+impl SettingsV1 {
+    fn is_empty(&self) -> bool {
+        *self == SettingsV1::default()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MemberV1 {
+    pub group: String,
+    pub worker: String,
+    pub loops: Vec<LoopV1>,
+    pub workers: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RecordV1 {
+    #[serde(with = "hex64")]
+    pub exact: u64,
+    #[serde(with = "hex64")]
+    pub fuzzy: u64,
+    /// Hash of the host's call id.
+    pub call: u32,
+    pub digest: u32,
+    /// Milliseconds since `epoch_ms`.
+    pub time: u32,
+    /// `None`: a tool beyond the engine's tool table.
+    pub tool: Option<String>,
+    pub flags: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CallIdV1 {
+    pub seq: u32,
+    pub id: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LoopV1 {
+    #[serde(with = "hex64")]
+    pub key: u64,
+    pub repeat: u32,
+    #[serde(with = "hex64")]
+    pub occasion: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TextV1 {
+    /// Digests of the most recent turns, oldest first.
+    #[serde(with = "hex64_vec")]
+    pub turns: Vec<u64>,
+    pub turn_no: u64,
+    pub monologue: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ArmedV1 {
+    pub tool: Option<String>,
+    pub verdict: VerdictV1,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VerdictV1 {
+    pub action: String,
+    pub message: String,
+    pub detector: Option<String>,
+    pub rule: Option<String>,
+    pub count: u32,
+    pub calls: Vec<CallRefV1>,
+    pub loop_start: Option<CallRefV1>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CallRefV1 {
+    pub seq: u64,
+    pub call_id: String,
+}
+
+/// Version 1 of a whole engine: its sessions by id, and its in-memory group state.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EngineV1 {
+    pub sessions: BTreeMap<String, SessionV1>,
+    /// A `loopguard_store::GroupSnapshot` (versioned itself); `null` when the engine keeps group
+    /// counters in a shared store.
+    pub groups: Option<Value>,
+}
+
+/// A `u64` as exactly 16 lowercase hex digits.
+mod hex64 {
+    use serde::de::{self, Deserialize, Deserializer};
+    use serde::ser::Serializer;
+
+    pub(super) fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&format_args!("{value:016x}"))
+    }
+
+    pub(super) fn parse(text: &str) -> Result<u64, String> {
+        if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("expected 16 hex digits, found `{text}`"));
+        }
+        u64::from_str_radix(text, 16).map_err(|e| e.to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse(&text).map_err(de::Error::custom)
+    }
+}
+
+/// A list of `u64`s, each as 16 hex digits.
+mod hex64_vec {
+    use serde::de::{self, Deserialize, Deserializer};
+    use serde::ser::{SerializeSeq, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        values: &[u64],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(values.len()))?;
+        for v in values {
+            seq.serialize_element(&format!("{v:016x}"))?;
+        }
+        seq.end()
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<u64>, D::Error> {
+        let texts = Vec::<String>::deserialize(deserializer)?;
+        texts
+            .iter()
+            .map(|t| super::hex64::parse(t).map_err(de::Error::custom))
+            .collect()
+    }
+}

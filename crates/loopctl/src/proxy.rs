@@ -1,0 +1,139 @@
+//! `loopctl proxy`: run the OpenAI-compatible loop-stopping proxy (`loopguard-proxy`).
+//!
+//! The binary's share: arguments, loading and rendering the policy (at start and on SIGHUP),
+//! the `LOOPGUARD_*` server tier, and logging to standard error.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use loopguard_proxy::{NudgePlacement, Options, Setup};
+use loopguard_rules::Policy;
+
+use crate::simulate::{RULES_ENV, server_settings};
+use crate::{EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, emit};
+
+/// The environment variable setting the log level (`error`, `warn`, `info`, `debug`, `trace`).
+pub const LOG_ENV: &str = "LOOPGUARD_LOG";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Nudge {
+    /// Appended to the tool result of the call the nudge is about.
+    Context,
+    /// A `system` message after that tool result.
+    System,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Address to listen on; port 0 picks a free one. The address is printed on standard output
+    /// once the proxy accepts connections.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The model server's base URL as OpenAI clients take it, e.g. `https://api.openai.com/v1`.
+    #[arg(long)]
+    upstream: String,
+    /// The policy file; default: $LOOPGUARD_RULES, else the built-in `rules/default.yaml`.
+    /// SIGHUP reloads it; a policy that does not validate leaves the running one in force.
+    #[arg(long, value_name = "FILE")]
+    rules: Option<PathBuf>,
+    /// The backend name the policy's `overrides` match; default: the upstream's host.
+    #[arg(long)]
+    backend: Option<String>,
+    /// Where the model reads nudges.
+    #[arg(long, value_enum, default_value = "context")]
+    nudge: Nudge,
+    /// Seconds the upstream may take to start answering, to send a whole non-streaming answer,
+    /// or stay silent inside a stream.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    timeout: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+}
+
+/// Loads and checks the policy, its plugins and the server tier; every problem rendered.
+fn load(rules: Option<&Path>) -> Result<Setup, (String, u8)> {
+    let loaded = match rules {
+        Some(path) => Policy::load(path).map_err(|e| (format!("error: {e}"), EXIT_CANNOT_RUN))?,
+        None => Policy::builtin_default(),
+    };
+    let name = rules.map_or("rules/default.yaml".into(), |p| p.display().to_string());
+    let Some(policy) = loaded.policy else {
+        let mut text: Vec<String> = loaded
+            .diagnostics
+            .iter()
+            .filter(|d| d.is_error())
+            .map(|d| loaded.sources.render(d))
+            .collect();
+        text.push(format!(
+            "error: the policy {name} is invalid; run `loopctl validate` on it"
+        ));
+        return Err((text.join("\n"), EXIT_INVALID));
+    };
+    if let Err(errors) = loopguard_engine::load_plugins(&policy) {
+        let mut text: Vec<String> = errors
+            .iter()
+            .map(|e| loaded.sources.render(&e.diagnostic()))
+            .collect();
+        text.push(format!(
+            "error: a plugin named by the policy {name} could not be loaded"
+        ));
+        return Err((text.join("\n"), EXIT_INVALID));
+    }
+    let server = server_settings(&policy).map_err(|code| {
+        (
+            "error: invalid LOOPGUARD_* settings (above)".to_owned(),
+            code,
+        )
+    })?;
+    Ok(Setup { policy, server })
+}
+
+fn init_logging() {
+    let level = std::env::var(LOG_ENV)
+        .ok()
+        .and_then(|v| v.parse::<tracing::Level>().ok())
+        .unwrap_or(tracing::Level::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+pub fn run(args: Args) -> u8 {
+    let rules = args
+        .rules
+        .clone()
+        .or_else(|| std::env::var_os(RULES_ENV).map(PathBuf::from));
+    let setup = match load(rules.as_deref()) {
+        Ok(s) => s,
+        Err((text, code)) => {
+            eprintln!("{text}");
+            return code;
+        }
+    };
+    init_logging();
+    let options = Options {
+        backend: args.backend,
+        nudge: match args.nudge {
+            Nudge::Context => NudgePlacement::Context,
+            Nudge::System => NudgePlacement::System,
+        },
+        max_body_bytes: args.max_body_bytes,
+        timeout: Duration::from_secs(args.timeout.max(1)),
+        ..Options::new(args.upstream)
+    };
+    let loader = move || load(rules.as_deref()).map_err(|(text, _)| text);
+    let ready = |addr: SocketAddr| emit(&format!("loopctl proxy listening on http://{addr}\n"));
+    match loopguard_proxy::run(args.listen, options, setup, Some(Arc::new(loader)), ready) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_CANNOT_RUN
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! `loopguard-proxy`: an OpenAI-compatible HTTP proxy that stops the tool-call loops of any
+//! agent. Point the agent's base URL at the proxy; it forwards chat completions to the real
+//! model server and judges every tool call the model issues (and every tool result and user
+//! message the agent sends back) with the loopguard engine. `loopctl proxy` runs it.
+//!
+//! # Key design decision
+//!
+//! The proxy changes the conversation only in ways the protocol already allows, so any client
+//! keeps working:
+//!
+//! - **warn**: the call goes through; the nudge reaches the model with that call's tool result
+//!   in the next request (appended to its content by default, or as a `system` note:
+//!   [`NudgePlacement`]), and stays attached to it in every later request so the history the
+//!   model sees does not change from turn to turn.
+//! - **block**: the call is taken out of the response. Calls that remain keep their ids (so
+//!   every `tool_call_id` the client gets is one it can answer) and, when streaming, dense
+//!   indices; the refusal reaches the model with the first remaining call's result. When no
+//!   call remains, the refusal becomes the assistant's text and `finish_reason` is `stop`.
+//! - **ask**: every call of the turn is withheld and the question ends the turn
+//!   (`finish_reason: stop`), so the user answers it.
+//! - **terminate**: an OpenAI error envelope, HTTP 400 with `type: loop_detected` (or, in a
+//!   stream already under way, a final `data: {"error": …}` event).
+//!
+//! Streaming: text passes through at once; tool-call fragments are assembled and the calls are
+//! released, whole, only once judged (see [`stream`]). Sessions: see [`session`]. In-chat
+//! commands: see [`commands`].
+//!
+//! # Dependencies
+//!
+//! tokio (the runtime, signals, timers); axum with only `http1` + `tokio` (routing over
+//! hyper 1, no JSON/form/query extractors: bodies are read raw and bounded); reqwest with
+//! `rustls-tls` only (HTTPS upstreams with the ring backend and webpki roots, no OpenSSL, no
+//! system proxy lookup, no HTTP/2, no decompression — `accept-encoding` is not forwarded);
+//! futures-util without default features (one stream adapter). Metrics are hand-rolled (a
+//! dozen series need no registry).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use loopguard_proxy::{Options, Proxy, Setup};
+//! use loopguard_rules::{Policy, Settings};
+//!
+//! # async fn run() -> Result<(), loopguard_proxy::ProxyError> {
+//! let policy = Policy::builtin_default().policy.expect("the default policy is valid");
+//! let options = Options::new("https://api.openai.com/v1");
+//! let setup = Setup { policy, server: Settings::default() };
+//! let proxy = Proxy::bind("127.0.0.1:8080".parse().unwrap(), options, setup, None).await?;
+//! proxy.serve(std::future::pending()).await
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod commands;
+pub mod error;
+pub mod judge;
+pub mod metrics;
+pub mod request;
+mod server;
+pub mod session;
+mod state;
+pub mod stream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use loopguard_rules::{Policy, Settings};
+use tokio::net::TcpListener;
+
+pub use request::NudgePlacement;
+
+/// What the proxy enforces: a policy and the server-level settings tier over it (the
+/// `LOOPGUARD_*` variables, read by `loopctl`).
+#[derive(Debug)]
+pub struct Setup {
+    pub policy: Policy,
+    pub server: Settings,
+}
+
+/// Loads the policy again on SIGHUP. An error (with every diagnostic rendered) keeps the
+/// policy in force.
+pub trait Loader: Send + Sync {
+    fn load(&self) -> Result<Setup, String>;
+}
+
+impl<F: Fn() -> Result<Setup, String> + Send + Sync> Loader for F {
+    fn load(&self) -> Result<Setup, String> {
+        self()
+    }
+}
+
+/// How the proxy runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The upstream's base URL as OpenAI clients take it (`https://api.openai.com/v1`): the
+    /// proxy appends `/chat/completions` and `/models`.
+    pub upstream: String,
+    /// The backend name matched by the policy's `overrides`; default: the upstream's host.
+    pub backend: Option<String>,
+    pub nudge: NudgePlacement,
+    /// Largest request body accepted (413 beyond it).
+    pub max_body_bytes: usize,
+    /// Upstream time limit: for the response headers and the whole of a non-streaming body,
+    /// and for the longest silence inside a stream.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// How long a shutdown waits for open requests before closing them.
+    pub shutdown_grace: Duration,
+}
+
+impl Options {
+    pub fn new(upstream: impl Into<String>) -> Options {
+        Options {
+            upstream: upstream.into(),
+            backend: None,
+            nudge: NudgePlacement::default(),
+            max_body_bytes: 16 << 20,
+            timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            shutdown_grace: server::DEFAULT_GRACE,
+        }
+    }
+}
+
+/// Why the proxy could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    #[error("invalid upstream URL `{url}`: {reason}")]
+    Upstream { url: String, reason: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot install a signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("the server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// A bound proxy, ready to serve.
+#[derive(Debug)]
+pub struct Proxy {
+    state: Arc<state::State>,
+    listener: TcpListener,
+    addr: SocketAddr,
+    signals: Signals,
+}
+
+impl Proxy {
+    /// Checks the options, binds `listen` and installs the signal handlers (SIGHUP reloads
+    /// through `loader`; SIGINT and SIGTERM shut down), so signals sent once this returns are
+    /// handled.
+    pub async fn bind(
+        listen: SocketAddr,
+        options: Options,
+        setup: Setup,
+        loader: Option<Arc<dyn Loader>>,
+    ) -> Result<Proxy, ProxyError> {
+        let upstream = options.upstream.trim_end_matches('/').to_owned();
+        let bad = |reason: &str| ProxyError::Upstream {
+            url: options.upstream.clone(),
+            reason: reason.to_owned(),
+        };
+        let url = reqwest::Url::parse(&upstream).map_err(|e| bad(&e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(bad("the scheme must be http or https"));
+        }
+        let backend = options
+            .backend
+            .clone()
+            .or_else(|| url.host_str().map(str::to_owned));
+        let client = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .build()
+            .map_err(ProxyError::Client)?;
+        let signals = Signals::install()?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ProxyError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ProxyError::Bind {
+            addr: listen,
+            source,
+        })?;
+        let state = Arc::new(state::State::new(
+            options, upstream, backend, client, setup, loader,
+        ));
+        Ok(Proxy {
+            state,
+            listener,
+            addr,
+            signals,
+        })
+    }
+
+    /// The address the proxy listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until SIGINT/SIGTERM or `shutdown` completes, then stops taking connections and
+    /// waits up to [`Options::shutdown_grace`] for open ones.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ProxyError> {
+        let Proxy {
+            state,
+            listener,
+            addr,
+            signals,
+        } = self;
+        let grace = state.options.shutdown_grace;
+        tracing::info!(
+            %addr,
+            upstream = %state.upstream,
+            backend = state.backend.as_deref().unwrap_or("-"),
+            policy = %state.guard().policy.name,
+            "loopguard proxy listening"
+        );
+        let (hup, stop) = signals.split();
+        let reloader = tokio::spawn(reload_on(hup, Arc::clone(&state)));
+        let evictor = tokio::spawn(evict_idle(Arc::clone(&state)));
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let notified = Arc::clone(&notify);
+        let signal = async move {
+            tokio::select! {
+                () = stop.wait() => {}
+                () = shutdown => {}
+            }
+            tracing::info!("shutting down: no new connections; waiting for open requests");
+            notified.notify_one();
+        };
+        let server = axum::serve(listener, server::router(Arc::clone(&state)))
+            .with_graceful_shutdown(signal);
+        let result = tokio::select! {
+            r = server => r.map_err(ProxyError::Serve),
+            () = async { notify.notified().await; tokio::time::sleep(grace).await } => {
+                tracing::warn!(grace_seconds = grace.as_secs_f64(), "requests still open after the grace period are closed");
+                Ok(())
+            }
+        };
+        reloader.abort();
+        evictor.abort();
+        tracing::info!("loopguard proxy stopped");
+        result
+    }
+}
+
+/// Binds and serves on a runtime of its own until SIGINT/SIGTERM; `ready` is told the address
+/// once the proxy accepts connections and handles signals. For `loopctl proxy`.
+pub fn run(
+    listen: SocketAddr,
+    options: Options,
+    setup: Setup,
+    loader: Option<Arc<dyn Loader>>,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), ProxyError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ProxyError::Runtime)?;
+    runtime.block_on(async move {
+        let proxy = Proxy::bind(listen, options, setup, loader).await?;
+        ready(proxy.local_addr());
+        proxy.serve(std::future::pending()).await
+    })
+}
+
+async fn reload_on(mut hup: Hangup, state: Arc<state::State>) {
+    while hup.recv().await {
+        tracing::info!("SIGHUP: reloading the policy");
+        let st = Arc::clone(&state);
+        match tokio::task::spawn_blocking(move || st.reload()).await {
+            Ok(Ok(name)) => {
+                state.metrics.reload("ok");
+                tracing::info!(policy = %name, "policy reloaded; sessions start over under it");
+            }
+            Ok(Err(message)) => {
+                state.metrics.reload("failed");
+                tracing::error!(
+                    policy = %state.guard().policy.name,
+                    "policy reload failed; the previous policy stays in force:\n{message}"
+                );
+            }
+            Err(e) => {
+                state.metrics.reload("failed");
+                tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
+            }
+        }
+    }
+}
+
+async fn evict_idle(state: Arc<state::State>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        let n = state.evict_idle(state::now_ms());
+        if n > 0 {
+            tracing::debug!(evicted = n, "idle sessions forgotten");
+        }
+    }
+}
+
+/// The process signals the proxy handles.
+#[derive(Debug)]
+struct Signals {
+    hup: Hangup,
+    stop: Stop,
+}
+
+impl Signals {
+    fn split(self) -> (Hangup, Stop) {
+        (self.hup, self.stop)
+    }
+}
+
+#[cfg(unix)]
+mod signals {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+
+    #[derive(Debug)]
+    pub struct Hangup(Signal);
+
+    impl Hangup {
+        pub async fn recv(&mut self) -> bool {
+            self.0.recv().await.is_some()
+        }
+    }
+
+    #[derive(Debug)]
+    pub struct Stop {
+        int: Signal,
+        term: Signal,
+    }
+
+    impl Stop {
+        pub async fn wait(mut self) {
+            tokio::select! {
+                _ = self.int.recv() => tracing::info!("SIGINT received"),
+                _ = self.term.recv() => tracing::info!("SIGTERM received"),
+            }
+        }
+    }
+
+    impl super::Signals {
+        pub(super) fn install() -> Result<super::Signals, super::ProxyError> {
+            let sig = |k| signal(k).map_err(super::ProxyError::Signal);
+            Ok(super::Signals {
+                hup: Hangup(sig(SignalKind::hangup())?),
+                stop: Stop {
+                    int: sig(SignalKind::interrupt())?,
+                    term: sig(SignalKind::terminate())?,
+                },
+            })
+        }
+    }
+}
+
+#[cfg(not(unix))]
+mod signals {
+    #[derive(Debug)]
+    pub struct Hangup;
+
+    impl Hangup {
+        pub async fn recv(&mut self) -> bool {
+            std::future::pending::<()>().await;
+            false
+        }
+    }
+
+    #[derive(Debug)]
+    pub struct Stop;
+
+    impl Stop {
+        pub async fn wait(self) {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+
+    impl super::Signals {
+        pub(super) fn install() -> Result<super::Signals, super::ProxyError> {
+            Ok(super::Signals {
+                hup: Hangup,
+                stop: Stop,
+            })
+        }
+    }
+}
+
+use signals::{Hangup, Stop};

@@ -1,0 +1,250 @@
+//! Counters and a latency histogram, rendered in the Prometheus text exposition format.
+//!
+//! Hand-rolled rather than a metrics crate: a dozen series, read by one endpoint, need no
+//! registry. Label values come from a closed set (routes, actions, detector and plugin names,
+//! error kinds), so the series count stays bounded.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the latency buckets, in seconds (model calls take from milliseconds to
+/// minutes).
+const BUCKETS: [f64; 15] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// A counter with labels.
+#[derive(Debug, Default)]
+struct Labeled {
+    values: Mutex<BTreeMap<Vec<String>, u64>>,
+}
+
+impl Labeled {
+    fn inc(&self, labels: &[&str]) {
+        let mut map = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry(labels.iter().map(|s| (*s).to_owned()).collect())
+            .or_default() += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, keys: &[&str]) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        let map = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        for (values, n) in map.iter() {
+            let labels: Vec<String> = keys
+                .iter()
+                .zip(values)
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum in microseconds.
+    sum_us: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What the proxy counts.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Labeled,
+    tool_calls: AtomicU64,
+    tool_results: AtomicU64,
+    interventions: Labeled,
+    upstream_errors: Labeled,
+    client_disconnects: AtomicU64,
+    commands: Labeled,
+    reloads: Labeled,
+    latency: Histogram,
+}
+
+impl Metrics {
+    /// A request arrived on `route` (`chat_completions`, `models`, `healthz`, `metrics`, `other`).
+    pub fn request(&self, route: &str) {
+        self.requests.inc(&[route]);
+    }
+
+    pub fn tool_call(&self) {
+        self.tool_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn tool_result(&self) {
+        self.tool_results.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The proxy acted on a verdict other than `allow`.
+    pub fn intervention(&self, action: &str, detector: &str) {
+        self.interventions.inc(&[action, detector]);
+    }
+
+    /// `kind`: `unreachable`, `timeout`, `status`, `malformed`, `interrupted`.
+    pub fn upstream_error(&self, kind: &str) {
+        self.upstream_errors.inc(&[kind]);
+    }
+
+    pub fn client_disconnect(&self) {
+        self.client_disconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `result`: `applied` or `invalid`.
+    pub fn command(&self, result: &str) {
+        self.commands.inc(&[result]);
+    }
+
+    /// `result`: `ok` or `failed`.
+    pub fn reload(&self, result: &str) {
+        self.reloads.inc(&[result]);
+    }
+
+    /// How long a chat-completions request took, from its arrival to the end of the response.
+    pub fn observe_latency(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (bound, bucket) in BUCKETS.iter().zip(&self.latency.buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency.count.fetch_add(1, Ordering::Relaxed);
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.latency.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Every series in the Prometheus text format; `sessions` is the current session count.
+    pub fn render(&self, sessions: usize) -> String {
+        let mut out = String::new();
+        self.requests.render(
+            &mut out,
+            "loopguard_proxy_requests_total",
+            "HTTP requests received, by route.",
+            &["route"],
+        );
+        counter(
+            &mut out,
+            "loopguard_proxy_tool_calls_total",
+            "Tool calls the model issued, seen in upstream responses.",
+            self.tool_calls.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "loopguard_proxy_tool_results_total",
+            "Tool results the agent sent back, seen in requests.",
+            self.tool_results.load(Ordering::Relaxed),
+        );
+        self.interventions.render(
+            &mut out,
+            "loopguard_proxy_interventions_total",
+            "Verdicts the proxy acted on, by action and detector.",
+            &["action", "detector"],
+        );
+        self.upstream_errors.render(
+            &mut out,
+            "loopguard_proxy_upstream_errors_total",
+            "Upstream failures, by kind (unreachable, timeout, status, malformed, interrupted).",
+            &["kind"],
+        );
+        counter(
+            &mut out,
+            "loopguard_proxy_client_disconnects_total",
+            "Streaming responses the client abandoned before the end.",
+            self.client_disconnects.load(Ordering::Relaxed),
+        );
+        self.commands.render(
+            &mut out,
+            "loopguard_proxy_commands_total",
+            "In-chat settings commands, by result (applied, invalid).",
+            &["result"],
+        );
+        self.reloads.render(
+            &mut out,
+            "loopguard_proxy_policy_reloads_total",
+            "Policy reloads on SIGHUP, by result (ok, failed).",
+            &["result"],
+        );
+        let _ = writeln!(
+            out,
+            "# HELP loopguard_proxy_sessions Sessions the proxy currently tracks.\n\
+             # TYPE loopguard_proxy_sessions gauge\nloopguard_proxy_sessions {sessions}"
+        );
+        let name = "loopguard_proxy_request_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Chat-completions requests, from arrival to the end of the response.\n\
+             # TYPE {name} histogram"
+        );
+        for (bound, bucket) in BUCKETS.iter().zip(&self.latency.buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.latency.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.latency.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+        out
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_labels_and_histogram() {
+        let m = Metrics::default();
+        m.request("chat_completions");
+        m.request("chat_completions");
+        m.tool_call();
+        m.intervention("warn", "exact_repeat");
+        m.upstream_error("unreachable");
+        m.observe_latency(Duration::from_millis(30));
+        let text = m.render(3);
+        assert!(text.contains("loopguard_proxy_requests_total{route=\"chat_completions\"} 2"));
+        assert!(text.contains("loopguard_proxy_tool_calls_total 1"));
+        assert!(text.contains(
+            "loopguard_proxy_interventions_total{action=\"warn\",detector=\"exact_repeat\"} 1"
+        ));
+        assert!(text.contains("loopguard_proxy_upstream_errors_total{kind=\"unreachable\"} 1"));
+        assert!(text.contains("loopguard_proxy_sessions 3"));
+        assert!(text.contains("loopguard_proxy_request_duration_seconds_bucket{le=\"0.025\"} 0"));
+        assert!(text.contains("loopguard_proxy_request_duration_seconds_bucket{le=\"0.05\"} 1"));
+        assert!(text.contains("loopguard_proxy_request_duration_seconds_bucket{le=\"+Inf\"} 1"));
+        assert!(text.contains("loopguard_proxy_request_duration_seconds_count 1"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
