@@ -92,6 +92,9 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 pub use loopguard_plugin_abi as abi;
 pub use loopguard_plugin_abi::WindowRecord;
 
+mod sessions;
+pub use sessions::Sessions;
+
 /// A loop detector, run inside the agent host's process.
 pub trait Detector: Sized + Send + 'static {
     /// The plugin's name (used in verdicts unless the policy renames it).

@@ -57,6 +57,9 @@ pub struct Config {
     pub backoff_ms: u64,
     #[serde(default = "d_max_concurrent")]
     pub max_concurrent: usize,
+    /// Sessions remembered at once; the least recently seen is forgotten first.
+    #[serde(default = "d_max_sessions")]
+    pub max_sessions: usize,
     #[serde(default = "d_true")]
     pub structured_output: bool,
     #[serde(default = "d_max_tokens")]
@@ -108,6 +111,9 @@ fn d_backoff_ms() -> u64 {
 fn d_max_concurrent() -> usize {
     4
 }
+fn d_max_sessions() -> usize {
+    1024
+}
 fn d_true() -> bool {
     true
 }
@@ -126,6 +132,9 @@ impl Config {
         let c: Config = serde_json::from_value(v).map_err(|e| format!("llm-judge config: {e}"))?;
         if !(0.0..=1.0).contains(&c.threshold) {
             return Err("llm-judge config: `threshold` must be between 0 and 1".into());
+        }
+        if c.max_sessions == 0 {
+            return Err("llm-judge config: `max_sessions` must be at least 1".into());
         }
         if c.max_attempts == 0 || c.max_attempts > 2 {
             return Err("llm-judge config: `max_attempts` must be 1 or 2".into());
@@ -200,6 +209,7 @@ pub fn schema() -> Value {
             "max_attempts": {"type": "integer", "minimum": 1, "maximum": 2},
             "backoff_ms": int(0),
             "max_concurrent": int(1),
+            "max_sessions": int(1),
             "structured_output": {"type": "boolean"},
             "max_tokens": int(16),
             "blocking": {"type": "boolean"},

@@ -2,13 +2,12 @@
 //! background runtime, and reports a verdict at the first event after it arrives (or, with
 //! `blocking`, on the event that started the check, within a deadline).
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loopguard_plugin_sdk::{Detection, Event, EventKind};
+use loopguard_plugin_sdk::{Detection, Event, EventKind, Sessions};
 use serde_json::json;
 
 use crate::client::{Usage, ask};
@@ -46,7 +45,7 @@ pub struct Judge {
     http: reqwest::Client,
     permits: Arc<tokio::sync::Semaphore>,
     log: Arc<Mutex<LogSink>>,
-    sessions: HashMap<String, SessionState>,
+    sessions: Sessions<SessionState>,
 }
 
 /// Where check records are written.
@@ -84,13 +83,14 @@ impl Judge {
                     .map_err(|e| format!("llm-judge: cannot open log file {path}: {e}"))?,
             )),
         };
+        let sessions = Sessions::new(cfg.max_sessions);
         Ok(Judge {
             permits: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent.max(1))),
             cfg: Arc::new(cfg),
             runtime,
             http,
             log: Arc::new(Mutex::new(LogSink(log))),
-            sessions: HashMap::new(),
+            sessions,
         })
     }
 
@@ -102,7 +102,7 @@ impl Judge {
             self.sessions.remove(ev.session);
             return None;
         }
-        let state = self.sessions.entry(ev.session.to_owned()).or_default();
+        let state = self.sessions.get(ev.session);
         // A verdict that arrived since the last event applies now.
         poll(state, Duration::ZERO, &schedule);
         let mut detection = take_detection(state);

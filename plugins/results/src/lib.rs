@@ -43,9 +43,9 @@
 //! | `max_sessions` | 1024    | sessions remembered at once                                 |
 //! | `ignore_tools` | `[]`    | tools whose results are never compared                      |
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, export_plugin};
+use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, Sessions, export_plugin};
 use serde_json::Value;
 
 /// MinHash slots per sketch.
@@ -425,43 +425,22 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Session {
     entries: VecDeque<Entry>,
-    last_seen: u64,
 }
 
 /// The detector.
 #[derive(Debug)]
 pub struct Results {
     config: Config,
-    sessions: HashMap<String, Session>,
-    tick: u64,
+    sessions: Sessions<Session>,
 }
 
 impl Results {
     /// A detector with `config`.
     pub fn with_config(config: Config) -> Results {
         Results {
+            sessions: Sessions::new(config.max_sessions),
             config,
-            sessions: HashMap::new(),
-            tick: 0,
         }
-    }
-
-    fn session(&mut self, id: &str) -> &mut Session {
-        self.tick += 1;
-        if !self.sessions.contains_key(id) && self.sessions.len() >= self.config.max_sessions {
-            let oldest = self
-                .sessions
-                .iter()
-                .min_by_key(|(_, s)| s.last_seen)
-                .map(|(k, _)| k.clone());
-            if let Some(oldest) = oldest {
-                self.sessions.remove(&oldest);
-            }
-        }
-        let tick = self.tick;
-        let session = self.sessions.entry(id.to_string()).or_default();
-        session.last_seen = tick;
-        session
     }
 
     fn on_result(&mut self, ev: &Event<'_>) -> Option<Detection> {
@@ -483,7 +462,7 @@ impl Results {
         } else {
             0
         };
-        let session = self.session(ev.session);
+        let session = self.sessions.get(ev.session);
 
         let mut best: Option<(f64, u64)> = None;
         for e in session.entries.iter().filter(|e| e.tool == tool) {
@@ -726,7 +705,7 @@ mod tests {
         for i in 0..10 {
             d.on_event(&result("cat", &huge, i));
         }
-        let s = &d.sessions["s"];
+        let s = d.sessions.peek("s").unwrap();
         assert_eq!(s.entries.len(), 4);
         assert_eq!(std::mem::size_of::<Entry>(), 96, "the documented bound");
     }

@@ -41,9 +41,9 @@
 //! | `max_chars`    | 256     | characters kept per string                        |
 //! | `max_sessions` | 1024    | sessions remembered at once                       |
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, export_plugin};
+use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, Sessions, export_plugin};
 use serde_json::Value;
 
 const MAX_ENTRIES: usize = 32;
@@ -282,43 +282,22 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Session {
     entries: VecDeque<Entry>,
-    last_seen: u64,
 }
 
 /// The detector.
 #[derive(Debug)]
 pub struct Similarity {
     config: Config,
-    sessions: HashMap<String, Session>,
-    tick: u64,
+    sessions: Sessions<Session>,
 }
 
 impl Similarity {
     /// A detector with `config`.
     pub fn with_config(config: Config) -> Similarity {
         Similarity {
+            sessions: Sessions::new(config.max_sessions),
             config,
-            sessions: HashMap::new(),
-            tick: 0,
         }
-    }
-
-    fn session(&mut self, id: &str) -> &mut Session {
-        self.tick += 1;
-        if !self.sessions.contains_key(id) && self.sessions.len() >= self.config.max_sessions {
-            let oldest = self
-                .sessions
-                .iter()
-                .min_by_key(|(_, s)| s.last_seen)
-                .map(|(k, _)| k.clone());
-            if let Some(oldest) = oldest {
-                self.sessions.remove(&oldest);
-            }
-        }
-        let tick = self.tick;
-        let session = self.sessions.entry(id.to_string()).or_default();
-        session.last_seen = tick;
-        session
     }
 
     fn on_call(&mut self, ev: &Event<'_>) -> Option<Detection> {
@@ -330,7 +309,7 @@ impl Similarity {
             hash(&[ev.tool.as_bytes(), ev.arguments.as_bytes()])
         };
         let args = sketch_arguments(ev.arguments, config.max_chars);
-        let session = self.session(ev.session);
+        let session = self.sessions.get(ev.session);
 
         let mut best: Option<(f64, u64)> = None;
         for e in session.entries.iter().filter(|e| e.tool == tool) {
@@ -557,7 +536,7 @@ mod tests {
             d.on_event(&ev);
         }
         assert_eq!(d.sessions.len(), 2);
-        assert!(d.sessions.contains_key("d"));
+        assert!(d.sessions.peek("d").is_some());
     }
 
     #[test]
