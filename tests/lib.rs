@@ -30,29 +30,49 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The directory cargo puts this profile's artifacts in, after building them.
+/// Builds `packages` with the same cargo (`--release` when `release`) and returns the
+/// directory of that profile's artifacts.
+///
+/// The variables cargo sets for the calling package are removed first: some build scripts
+/// rerun when they change, which would rebuild their crates here and again in the next outer
+/// build.
+pub fn build(packages: &[&str], release: bool) -> PathBuf {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.current_dir(root()).args(["build", "--quiet"]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    if release {
+        cmd.arg("--release");
+    }
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_MANIFEST_")
+            || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "OUT_DIR"].contains(&k.as_ref())
+        {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("run cargo build for {packages:?}: {e}"));
+    assert!(status.success(), "building {packages:?} failed");
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root().join(dir),
+        None => root().join("target"),
+    };
+    target.join(if release { "release" } else { "debug" })
+}
+
+/// The directory cargo puts this profile's artifacts in, after building `loopctl` and the
+/// test plugins.
 pub fn artifacts() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let release = !cfg!(debug_assertions);
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.current_dir(root())
-            .args(["build", "--quiet", "-p", "loopctl"]);
-        for p in PLUGINS {
-            cmd.args(["-p", p]);
-        }
-        if release {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .status()
-            .expect("run cargo build for loopctl and the plugins");
-        assert!(status.success(), "building loopctl and the plugins failed");
-        let target = match std::env::var_os("CARGO_TARGET_DIR") {
-            Some(dir) => root().join(dir),
-            None => root().join("target"),
-        };
-        target.join(if release { "release" } else { "debug" })
+        let mut packages = vec!["loopctl"];
+        packages.extend_from_slice(PLUGINS);
+        build(&packages, !cfg!(debug_assertions))
     })
 }
 

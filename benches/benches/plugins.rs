@@ -11,7 +11,6 @@
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use loopguard_benches::{args_len, big_output, distinct_calls};
@@ -23,21 +22,9 @@ const NOOP: &str = "loopguard-plugin-noop";
 const SIMILARITY: &str = "loopguard-plugin-similarity";
 const RESULTS: &str = "loopguard-plugin-results";
 
-/// Builds the plugins in release mode; returns where their libraries are.
+/// Builds the plugins with the bench's own profile; returns where their libraries are.
 fn built_plugins() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("benches/ lives in the workspace")
-        .to_path_buf();
-    let status = Command::new(env!("CARGO"))
-        .current_dir(&root)
-        .args(["build", "--quiet", "--release"])
-        .args(["-p", NOOP, "-p", SIMILARITY, "-p", RESULTS])
-        .status()
-        .expect("run cargo build for the plugins");
-    assert!(status.success(), "building the plugins failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or(root.join("target"), |d| root.join(d));
-    target.join("release")
+    loopguard_tests::build(&[NOOP, SIMILARITY, RESULTS], !cfg!(debug_assertions))
 }
 
 /// The default policy's engine running the given plugins (default configuration).

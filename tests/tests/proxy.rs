@@ -213,6 +213,7 @@ async fn a_looping_agent_is_warned_then_refused_then_stopped() {
     assert_eq!(error["code"], "tool_loop_terminated");
     assert_eq!(error["loopguard"]["detector"], "exact_repeat");
     assert_eq!(error["loopguard"]["loop_start_call_id"], "call_1");
+    assert_eq!(error["loopguard"]["loop_start_call"], 1);
     // Each request the client sent, as forwarded, keeps calls and results paired.
     requests.iter().for_each(assert_paired);
     // Interventions are logged.

@@ -10,7 +10,8 @@ pub struct CallRef {
     /// 1-based index of the call among all calls the session has seen (since it started or was
     /// reset).
     pub seq: u64,
-    /// The host's call id; empty for calls older than the last few, whose ids are not kept.
+    /// The host's call id; empty for calls older than the session's 6 most recent, whose ids
+    /// are not kept (to bound a session's memory). `seq` is always known.
     pub call_id: String,
 }
 

@@ -65,6 +65,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use loopguard_rules::{Policy, Settings};
 use tokio::net::TcpListener;
 
@@ -241,6 +242,13 @@ impl Proxy {
             tracing::info!("shutting down: no new connections; waiting for open requests");
             notified.notify_one();
         };
+        // Stream events are small writes: without TCP_NODELAY the last ones of a response wait
+        // for the client's delayed ACK (about 40 ms on Linux).
+        let listener = listener.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY on a client connection");
+            }
+        });
         let server = axum::serve(listener, server::router(Arc::clone(&state)))
             .with_graceful_shutdown(signal);
         let result = tokio::select! {

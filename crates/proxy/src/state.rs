@@ -472,6 +472,7 @@ pub fn stop_error(v: &Verdict, tool: Option<&str>, session: &str) -> ApiError {
         "detector": v.detector.as_deref(),
         "rule": v.rule.as_deref(),
         "session": session,
+        "loop_start_call": v.loop_start.as_ref().map(|c| c.seq),
         "loop_start_call_id": v.loop_start.as_ref().map(|c| c.call_id.as_str()).filter(|s| !s.is_empty()),
     }));
     e

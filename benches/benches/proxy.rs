@@ -1,0 +1,502 @@
+//! What `loopctl proxy` adds to a request: the same client calls an upstream that answers at
+//! once, directly and through the real proxy binary (built-in default policy, every detector
+//! on), all on 127.0.0.1.
+//!
+//! Run: `cargo bench -p loopguard-benches --bench proxy`
+//!
+//! - `proxy/{direct,proxied}_{plain,stream}` (criterion): one request at a time, a ~20-message
+//!   history ending in a tool result, answered with one tool call (as JSON, or as SSE with the
+//!   arguments in fragments). The proxied figure minus the direct one is the added latency.
+//! - A load table (printed after them): 32 clients at once, 8192 requests each way in four
+//!   alternating rounds; every request's latency is recorded and p50/p99 and requests/s are
+//!   printed for direct and proxied, with the added p50/p99 (proxied minus direct percentile)
+//!   and the change in requests/s. Criterion reports no p99, so this is a plain measured loop.
+//!   `-- load` runs only the table; any other filter skips it. Under `--test` (and
+//!   `cargo test --benches`) it is a short smoke run.
+//!
+//! Each client is one agent session that never loops (a new file read every turn), so the
+//! proxy judges every call and result but never intervenes; the bench checks that at the end.
+//!
+//! The proxy is built by the bench (`cargo build -p loopctl`, `--release` unless the bench
+//! itself is a debug build; a no-op when fresh) and run from `$CARGO_TARGET_DIR` or `target/`.
+//! The upstream (TCP_NODELAY on, as model servers have it) and the clients share one 2-thread
+//! runtime in the bench process; the proxy runs as its own process. On a small machine the three
+//! compete for the same cores, as they would on one host.
+
+#![allow(clippy::expect_used, clippy::panic)] // benchmark setup: a broken setup should stop the run
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::Response;
+use axum::routing::post;
+use axum::serve::ListenerExt;
+use criterion::{Criterion, SamplingMode, Throughput};
+use serde_json::{Value, json};
+
+/// Clients in flight in the load table, the requests each sends per round, and the rounds.
+const CLIENTS: usize = 32;
+const REQUESTS_PER_CLIENT: usize = 64;
+const ROUNDS: usize = 4;
+/// Pairs of (assistant call, tool result) kept in a conversation: with the system and user
+/// messages, 20 messages.
+const PAIRS: usize = 9;
+
+// --- the upstream ------------------------------------------------------------------------------
+
+/// A name made of the letters g..z only: the engine masks digits and hex ids in results, and
+/// the calls and results must stay distinct after masking.
+fn word(mut n: u64) -> String {
+    let mut w = String::new();
+    loop {
+        w.push(char::from(b'g' + (n % 20) as u8));
+        n /= 20;
+        if n == 0 {
+            return w;
+        }
+    }
+}
+
+/// Call `n` of a conversation: a read of a file not read before.
+fn call(n: u64) -> Value {
+    json!({"id": format!("call_{n}"), "type": "function", "function": {
+        "name": "read_file",
+        "arguments": json!({"path": format!("src/{}/handlers.rs", word(n))}).to_string(),
+    }})
+}
+
+/// The result of call `n`: ~500 bytes of source, different for every call.
+fn result(n: u64) -> Value {
+    let w = word(n);
+    let body: String = (0..12)
+        .map(|k| format!("    let {w}_{} = {w}::load(&ctx)?;\n", word(k)))
+        .collect();
+    json!({"role": "tool", "tool_call_id": format!("call_{n}"),
+        "content": format!("pub fn {w}(ctx: &Context) -> Result<()> {{\n{body}    Ok(())\n}}\n")})
+}
+
+/// The model: answers with the call after the last one it sees a result for.
+async fn model(body: Bytes) -> Response {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let last = request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["tool_call_id"].as_str())
+        .and_then(|id| id.strip_prefix("call_"))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    let next = call(last + 1);
+    let (content_type, body) = if request["stream"] == json!(true) {
+        let frames = sse(&next)
+            .into_iter()
+            .map(|e| Ok::<_, Infallible>(Bytes::from(e)));
+        (
+            "text/event-stream",
+            Body::from_stream(futures_util::stream::iter(frames)),
+        )
+    } else {
+        let completion = json!({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": null, "tool_calls": [next]}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        });
+        ("application/json", Body::from(completion.to_string()))
+    };
+    let mut r = Response::new(body);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    r
+}
+
+/// A turn as SSE events, one body frame each: a short text, then the call with its arguments
+/// in 8-byte fragments.
+fn sse(call: &Value) -> Vec<String> {
+    let chunk = |delta: Value, finish: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
+                "model": "bench", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        )
+    };
+    let args = call["function"]["arguments"].as_str().unwrap_or_default();
+    let mut out = vec![
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        chunk(
+            json!({"content": format!("Reading {}.", word(args.len() as u64))}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""}}]}),
+            Value::Null,
+        ),
+    ];
+    for piece in args.as_bytes().chunks(8) {
+        out.push(chunk(
+            json!({"tool_calls": [{"index": 0, "function":
+                {"arguments": String::from_utf8_lossy(piece)}}]}),
+            Value::Null,
+        ));
+    }
+    out.push(chunk(json!({}), json!("tool_calls")));
+    out.push("data: [DONE]\n\n".to_owned());
+    out
+}
+
+// --- the proxy ---------------------------------------------------------------------------------
+
+/// Builds `loopctl` with the bench's own optimization and returns its path.
+fn loopctl() -> PathBuf {
+    let release = !cfg!(debug_assertions);
+    let path = loopguard_tests::build(&["loopctl"], release)
+        .join(format!("loopctl{}", std::env::consts::EXE_SUFFIX));
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}
+
+/// `loopctl proxy` with the built-in default policy, killed when dropped.
+struct Proxy {
+    child: Child,
+    base: String,
+}
+
+impl Proxy {
+    fn start(upstream: &str) -> Proxy {
+        let mut cmd = Command::new(loopctl());
+        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .env("LOOPGUARD_LOG", "warn");
+        for var in [
+            "LOOPGUARD_RULES",
+            "LOOPGUARD_ENABLED",
+            "LOOPGUARD_MAX_REPEATS",
+            "LOOPGUARD_TTL_SECONDS",
+            "LOOPGUARD_MODE",
+        ] {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd.spawn().expect("start loopctl proxy");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let Some(base) = line.trim().strip_prefix("loopctl proxy listening on ") else {
+            let _ = child.kill();
+            panic!("the proxy did not start: {line:?}");
+        };
+        Proxy {
+            base: base.to_owned(),
+            child,
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// --- the clients -------------------------------------------------------------------------------
+
+/// One agent session: a system prompt, a task, and the last [`PAIRS`] calls with their results.
+struct Conversation {
+    session: String,
+    last: u64,
+    messages: Vec<Value>,
+}
+
+impl Conversation {
+    fn new(session: String) -> Conversation {
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a coding agent. Use the tools to read, edit and test the code. Keep going until the task is done."}),
+            json!({"role": "user", "content": format!("Find where request handlers load their context ({session}).")}),
+        ];
+        for n in 1..=PAIRS as u64 {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call(n)]}));
+            messages.push(result(n));
+        }
+        Conversation {
+            session,
+            last: PAIRS as u64,
+            messages,
+        }
+    }
+
+    fn body(&self, stream: bool) -> Vec<u8> {
+        serde_json::to_vec(&json!({"model": "bench", "stream": stream, "messages": self.messages}))
+            .expect("serializable")
+    }
+
+    /// Runs the call the model just made and drops the oldest pair.
+    fn advance(&mut self) {
+        self.last += 1;
+        self.messages
+            .push(json!({"role": "assistant", "content": null, "tool_calls": [call(self.last)]}));
+        self.messages.push(result(self.last));
+        self.messages.drain(2..4);
+    }
+}
+
+/// One turn: the request, the whole response, a check that it carries the expected call.
+async fn turn(http: &reqwest::Client, url: &str, conv: &mut Conversation, stream: bool) {
+    let resp = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("x-session-id", &conv.session)
+        .body(conv.body(stream))
+        .send()
+        .await
+        .expect("request sent");
+    let status = resp.status();
+    let bytes = resp.bytes().await.expect("response read");
+    let id = format!("\"id\":\"call_{}\"", conv.last + 1);
+    let ok = status.is_success()
+        && memchr(&bytes, id.as_bytes())
+        && (!stream || bytes.ends_with(b"data: [DONE]\n\n"));
+    assert!(
+        ok,
+        "{url}: unexpected answer ({status}): {}",
+        String::from_utf8_lossy(&bytes)
+    );
+    conv.advance();
+}
+
+fn memchr(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+struct Setup {
+    rt: tokio::runtime::Runtime,
+    http: reqwest::Client,
+    direct: String,
+    proxied: String,
+    proxy: Proxy,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind the upstream");
+        let addr = listener.local_addr().expect("upstream address");
+        let app = Router::new().route("/v1/chat/completions", post(model));
+        // As model servers do: SSE frames go out as written, not held back for an ACK.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        rt.spawn(async move { axum::serve(listener, app).await });
+        let upstream = format!("http://{addr}/v1");
+        let proxy = Proxy::start(&upstream);
+        Setup {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("HTTP client"),
+            direct: format!("{upstream}/chat/completions"),
+            proxied: format!("{}/v1/chat/completions", proxy.base),
+            proxy,
+            rt,
+        }
+    }
+
+    /// The proxy's interventions so far: none, or the figures are not those of a clean run.
+    fn interventions(&self) -> u64 {
+        let url = format!("{}/metrics", self.proxy.base);
+        let text = self.rt.block_on(async {
+            let r = self.http.get(&url).send().await.expect("metrics");
+            r.text().await.expect("metrics body")
+        });
+        text.lines()
+            .filter(|l| l.starts_with("loopguard_proxy_interventions_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+// --- one request at a time (criterion) -----------------------------------------------------------
+
+fn latency(c: &mut Criterion, s: &Setup) {
+    let mut group = c.benchmark_group("proxy");
+    group.throughput(Throughput::Elements(1));
+    // Requests take milliseconds: the same iteration count in every sample.
+    group.sampling_mode(SamplingMode::Flat);
+    group.sample_size(50);
+    group.warm_up_time(Duration::from_secs(2));
+    group.measurement_time(Duration::from_secs(6));
+    for stream in [false, true] {
+        let kind = if stream { "stream" } else { "plain" };
+        for (way, url) in [("direct", &s.direct), ("proxied", &s.proxied)] {
+            let mut conv = Conversation::new(format!("bench-{way}-{kind}"));
+            group.bench_function(format!("{way}_{kind}"), |b| {
+                b.iter_custom(|iters| {
+                    s.rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            turn(&s.http, url, &mut conv, stream).await;
+                        }
+                        start.elapsed()
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+// --- many clients at once (the load table) -------------------------------------------------------
+
+/// Every request's latency in a set of runs, and the time the runs took.
+#[derive(Default)]
+struct Run {
+    latencies: Vec<Duration>,
+    wall: Duration,
+}
+
+impl Run {
+    /// Nearest-rank percentile (`latencies` sorted).
+    fn percentile(&self, p: f64) -> Duration {
+        let i = ((self.latencies.len() as f64 * p).ceil() as usize).saturating_sub(1);
+        self.latencies[i.min(self.latencies.len() - 1)]
+    }
+
+    fn per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64()
+    }
+
+    /// `clients` sessions at once, each sending `per_client` requests one after the other.
+    fn add(&mut self, s: &Setup, url: &str, stream: bool, per_client: usize, tag: &str) {
+        let url: Arc<str> = Arc::from(url);
+        let (times, wall) = s.rt.block_on(async {
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..CLIENTS)
+                .map(|k| {
+                    let (http, url) = (s.http.clone(), Arc::clone(&url));
+                    let mut conv = Conversation::new(format!("load-{tag}-{k}"));
+                    tokio::spawn(async move {
+                        let mut times = Vec::with_capacity(per_client);
+                        for _ in 0..per_client {
+                            let t = Instant::now();
+                            turn(&http, &url, &mut conv, stream).await;
+                            times.push(t.elapsed());
+                        }
+                        times
+                    })
+                })
+                .collect();
+            let mut times = Vec::with_capacity(CLIENTS * per_client);
+            for t in tasks {
+                times.extend(t.await.expect("client task"));
+            }
+            (times, start.elapsed())
+        });
+        self.latencies.extend(times);
+        self.latencies.sort_unstable();
+        self.wall += wall;
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn added(a: Duration, b: Duration) -> String {
+    let d = a.as_secs_f64() - b.as_secs_f64();
+    format!("{:+.3} ms", d * 1e3)
+}
+
+/// Direct and proxied runs alternate ([`ROUNDS`] of each), so that whatever else the machine
+/// does weighs on both alike; each row pools its rounds.
+fn load_table(s: &Setup, per_client: usize) {
+    let total = ROUNDS * CLIENTS * per_client;
+    println!(
+        "\nproxy load: {CLIENTS} clients at once, {total} requests each way per row \
+         ({ROUNDS} alternating rounds), {}-message history, upstream answers at once",
+        PAIRS * 2 + 2
+    );
+    println!(
+        "{:<8} {:<9} {:>12} {:>12} {:>12}",
+        "", "", "p50", "p99", "requests/s"
+    );
+    for stream in [false, true] {
+        let kind = if stream { "stream" } else { "plain" };
+        // Warm up both ways: connections, pools, the proxy's engine.
+        Run::default().add(s, &s.direct, stream, 10, &format!("warm-d-{kind}"));
+        Run::default().add(s, &s.proxied, stream, 10, &format!("warm-p-{kind}"));
+        let (mut direct, mut proxied) = (Run::default(), Run::default());
+        for round in 0..ROUNDS {
+            direct.add(
+                s,
+                &s.direct,
+                stream,
+                per_client,
+                &format!("d-{kind}-{round}"),
+            );
+            proxied.add(
+                s,
+                &s.proxied,
+                stream,
+                per_client,
+                &format!("p-{kind}-{round}"),
+            );
+        }
+        for (way, r) in [("direct", &direct), ("proxied", &proxied)] {
+            println!(
+                "{kind:<8} {way:<9} {:>12} {:>12} {:>12.0}",
+                ms(r.percentile(0.50)),
+                ms(r.percentile(0.99)),
+                r.per_second()
+            );
+        }
+        println!(
+            "{kind:<8} {:<9} {:>12} {:>12} {:>12}",
+            "added",
+            added(proxied.percentile(0.50), direct.percentile(0.50)),
+            added(proxied.percentile(0.99), direct.percentile(0.99)),
+            format!(
+                "{:+.0}%",
+                100.0 * (proxied.per_second() / direct.per_second() - 1.0)
+            )
+        );
+    }
+    println!();
+}
+
+// --- main ----------------------------------------------------------------------------------------
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    let measuring = has("--bench") && !has("--test") && !has("--list");
+    let filter = args.iter().find(|a| !a.starts_with('-'));
+    let table = !has("--list") && filter.is_none_or(|f| "proxy/load".contains(f.as_str()));
+
+    let setup = Setup::start();
+    let mut c = Criterion::default().configure_from_args();
+    latency(&mut c, &setup);
+    if table {
+        load_table(&setup, if measuring { REQUESTS_PER_CLIENT } else { 1 });
+    }
+    let interventions = setup.interventions();
+    assert_eq!(
+        interventions, 0,
+        "the proxy intervened {interventions} times: these sessions must not loop"
+    );
+    c.final_summary();
+}
