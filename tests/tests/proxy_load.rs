@@ -50,31 +50,6 @@ const BUILD: &str = r#"{"command":"cargo build"}"#;
 /// a stop names where its loop began only when that call is among them.
 const ENGINE_CALL_IDS: u32 = 6;
 
-/// The ladder every session climbs: warn at the threshold, refuse one call later, stop at the
-/// next. Only `exact_repeat` runs, so every intervention is predictable from the script.
-const POLICY: &str = r#"version: 1
-name: proxy-load
-escalation: { ladder: default }
-ladders:
-  default:
-    - { repeat: 1, action: warn, message: "Loop detected: {tool} called {count} times with the same arguments. Change your approach." }
-    - { repeat: 2, action: block, message: "Refused: {tool} called {count} times with the same arguments. The call was not run." }
-    - { repeat: 3, action: terminate, message: "Stopped: {tool} kept being called with the same arguments ({count} times)." }
-detectors:
-  exact_repeat: { threshold: 3 }
-  fuzzy_repeat: { enabled: false }
-  cycle: { enabled: false }
-  interleaved: { enabled: false }
-  no_progress: { enabled: false }
-  same_outcome: { enabled: false }
-  error_cascade: { enabled: false }
-  test_fix: { enabled: false }
-  monologue: { enabled: false }
-  text_repeat: { enabled: false }
-  chanting: { enabled: false }
-  unknown_tool: { enabled: false }
-"#;
-
 // --- the sessions' scripts -------------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -686,8 +661,10 @@ fn expected_metrics(plans: &[Plan]) -> BTreeMap<String, u64> {
 async fn many_concurrent_sessions_each_meet_their_own_ladder() {
     let (addr, upstream_requests) = start_upstream().await;
     let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, POLICY).unwrap();
+    // The ladder every session climbs: warn at the threshold (3, unless set in chat), refuse
+    // one call later, stop at the next. Only `exact_repeat` runs, so every intervention is
+    // predictable from the script.
+    let policy = support::write_policy(dir.path(), 3);
     let proxy = Proxy::start(
         &format!("http://{addr}/v1"),
         &["--rules", policy.to_str().unwrap()],

@@ -139,12 +139,8 @@ fn assert_looping_conversation(turns: &[Value], requests: &[Value], stream: bool
 #[tokio::test(flavor = "multi_thread")]
 async fn the_openai_client_is_warned_then_refused_then_stopped() {
     let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(dir.path(), 3);
-    let p = std::sync::Arc::new(Proxy::start(
-        &up.base(),
-        &["--rules", policy.to_str().unwrap()],
-    ));
+    let (p, _dir) = start(&up, 3, &[]);
+    let p = std::sync::Arc::new(p);
     let turns = agent(&p, "py-loop", "loop", 8, false).await;
     assert_looping_conversation(&turns, &up.requests(), false);
 }
@@ -152,12 +148,8 @@ async fn the_openai_client_is_warned_then_refused_then_stopped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_openai_client_streaming_is_warned_then_refused_then_stopped() {
     let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(dir.path(), 3);
-    let p = std::sync::Arc::new(Proxy::start(
-        &up.base(),
-        &["--rules", policy.to_str().unwrap()],
-    ));
+    let (p, _dir) = start(&up, 3, &[]);
+    let p = std::sync::Arc::new(p);
     let turns = agent(&p, "py-loop-stream", "loop", 8, true).await;
     assert_looping_conversation(&turns, &up.requests(), true);
     // Streams really were streamed: the text came in several deltas.
@@ -167,12 +159,8 @@ async fn the_openai_client_streaming_is_warned_then_refused_then_stopped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_conversation_that_does_not_loop_reaches_the_openai_client_unchanged() {
     let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(dir.path(), 3);
-    let p = std::sync::Arc::new(Proxy::start(
-        &up.base(),
-        &["--rules", policy.to_str().unwrap()],
-    ));
+    let (p, _dir) = start(&up, 3, &[]);
+    let p = std::sync::Arc::new(p);
     let mut n = 0;
     for stream in [false, true] {
         // Text only: multi-byte characters, escapes, markdown, whitespace, byte for byte.
