@@ -46,9 +46,6 @@ const TURNS: u32 = 12;
 const LIMIT: Duration = Duration::from_secs(120);
 const MODEL: &str = "agent";
 const BUILD: &str = r#"{"command":"cargo build"}"#;
-/// Call ids the engine remembers per session (`ID_POOL` in `crates/engine/src/session.rs`):
-/// a stop names where its loop began only when that call is among them.
-const ENGINE_CALL_IDS: u32 = 6;
 
 // --- the sessions' scripts -------------------------------------------------------------------
 
@@ -371,15 +368,15 @@ fn expected(plan: &Plan, turn: u32) -> Seen {
         }
         Some(w) if turn == w + 2 => {
             let count = plan.threshold + 2;
-            // The first build; named only while it is among the calls whose ids the engine
-            // keeps (the loop began `count - 1` calls back).
+            // The first build, `count - 1` calls back: the engine keeps a loop's first call id
+            // for as long as the loop goes on.
             let start = plan.loops_after.unwrap_or(0) + 1;
             return Seen::Stopped {
                 session: format!("hdr:{}", plan.header()),
                 tool: "bash".to_owned(),
                 detector: "exact_repeat".to_owned(),
                 count: u64::from(count),
-                loop_start: (count <= ENGINE_CALL_IDS).then(|| format!("call_{start}")),
+                loop_start: Some(format!("call_{start}")),
             };
         }
         _ => {}

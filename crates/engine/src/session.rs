@@ -19,8 +19,11 @@ use crate::verdict::{CallRef, Verdict};
 
 mod state;
 
-/// Call ids remembered for verdicts (older calls are reported by seq only).
+/// Call ids remembered for verdicts (older calls are reported by seq only)...
 const ID_POOL: usize = 6;
+/// ... plus the ids of this many loop starts, kept from the first verdict that named them so
+/// that later verdicts on a long loop still say where it began.
+const PINNED_IDS: usize = 4;
 /// Tools a session remembers as unknown.
 const MAX_UNKNOWN: usize = 16;
 /// Occasions of text turns live in the upper half of the u64 range, apart from call seqs.
@@ -229,6 +232,12 @@ impl Session {
         std::mem::size_of::<Session>()
             + std::mem::size_of_val::<[Record]>(&self.ring)
             + self.ids.buf.capacity()
+            + self
+                .ids
+                .pinned
+                .iter()
+                .map(|(_, id)| std::mem::size_of::<(u32, Box<str>)>() + id.len())
+                .sum::<usize>()
             + self.loops.capacity_bytes()
             + self.unknown.capacity() * 2
             + self
@@ -730,7 +739,11 @@ impl Session {
         }
         let flags_before = self.flags;
         self.flags = self.flags.saturating_add(1);
-        self.build_verdict(rules, &dec, category, call, flags_before, now)
+        let verdict = self.build_verdict(rules, &dec, category, call, flags_before, now);
+        if let Some(start) = &verdict.loop_start {
+            self.ids.pin(start.seq as u32);
+        }
+        verdict
     }
 
     fn build_verdict(
@@ -831,13 +844,15 @@ fn by_name(d: Detection, tool: &str) -> Detection {
 }
 
 /// The host's ids of the last [`ID_POOL`] calls, in one buffer: slot `seq % ID_POOL` holds the
-/// id of call `seq`.
+/// id of call `seq`; and the ids of up to [`PINNED_IDS`] loop starts, kept past that.
 #[derive(Debug, Default)]
 struct CallIds {
     /// The slots' ids (whole strings), one after the other.
     buf: Vec<u8>,
     lens: [u32; ID_POOL],
     seqs: [u32; ID_POOL],
+    /// Loop starts, oldest first (allocated at the first verdict).
+    pinned: Vec<(u32, Box<str>)>,
 }
 
 impl CallIds {
@@ -887,14 +902,36 @@ impl CallIds {
                 .get(self.span(slot))
                 .and_then(|b| std::str::from_utf8(b).ok())
                 .unwrap_or(""),
-            _ => "",
+            _ => self
+                .pinned
+                .iter()
+                .find(|(s, _)| *s == seq)
+                .map_or("", |(_, id)| id),
         }
+    }
+
+    /// Keeps the id of call `seq` (a loop's start) after it leaves the slots, if it is known;
+    /// the oldest pinned id makes room.
+    fn pin(&mut self, seq: u32) {
+        if seq == 0 || self.pinned.iter().any(|(s, _)| *s == seq) {
+            return;
+        }
+        let id = self.get(seq);
+        if id.is_empty() {
+            return;
+        }
+        let id: Box<str> = id.into();
+        if self.pinned.len() >= PINNED_IDS {
+            self.pinned.remove(0);
+        }
+        self.pinned.push((seq, id));
     }
 
     fn clear(&mut self) {
         self.buf.clear();
         self.lens = [0; ID_POOL];
         self.seqs = [0; ID_POOL];
+        self.pinned.clear();
     }
 }
 

@@ -160,6 +160,9 @@ pub(crate) struct SessionV1 {
     pub window: Vec<RecordV1>,
     /// The ids of the last few calls.
     pub call_ids: Vec<CallIdV1>,
+    /// The ids of loops' first calls, kept after they left `call_ids` (oldest first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loop_start_ids: Vec<CallIdV1>,
     pub flags: u32,
     pub loops: Vec<LoopV1>,
     pub allowance: u32,

@@ -163,6 +163,57 @@ fn identical_calls_in_one_message_escalate_warn_block_terminate() {
 }
 
 #[test]
+fn a_long_loop_still_names_the_call_where_it_began() {
+    // Warned at the 5th identical call, stopped at the 8th: by then call_1 is older than the
+    // session's recent call ids, but the loop's first verdict kept it.
+    let yaml = "version: 1\nescalation: { ladder: slow }\nladders:\n  slow:\n    \
+        - { repeat: 1, action: warn }\n    - { repeat: 3, action: block }\n    \
+        - { repeat: 4, action: terminate }\ndetectors:\n  exact_repeat: { threshold: 5 }\n  \
+        fuzzy_repeat: { enabled: false }\n";
+    let mut h = H::new(config(yaml));
+    let args = json!({"command": "cargo build"});
+    let mut verdicts = Vec::new();
+    for _ in 0..8 {
+        verdicts.push(h.call("bash", args.clone()).0);
+    }
+    let acted: Vec<(Action, u32)> = verdicts
+        .iter()
+        .filter(|v| !v.is_allow())
+        .map(|v| (v.action, v.count))
+        .collect();
+    assert_eq!(
+        acted,
+        [
+            (Action::Warn, 5),
+            (Action::Warn, 6),
+            (Action::Block, 7),
+            (Action::Terminate, 8)
+        ]
+    );
+    let stop = verdicts.last().unwrap();
+    let start = stop.loop_start.as_ref().unwrap();
+    assert_eq!((start.seq, start.call_id.as_str()), (1, "call_1"));
+    // Ids in between that nothing pinned are not kept.
+    let second = stop.calls.iter().find(|c| c.seq == 2).unwrap();
+    assert_eq!(second.call_id, "");
+
+    // The pinned id survives a snapshot.
+    let snap = h.engine.snapshot_session("s").unwrap();
+    let restored = Engine::new(config(yaml));
+    restored.restore_session("s", &snap).unwrap();
+    assert_eq!(restored.snapshot_session("s").unwrap(), snap);
+    let again = restored.observe(&Event::Call(Call {
+        session: "s",
+        call_id: "call_9",
+        tool: "bash",
+        arguments: Arguments::Json(&args),
+        time_ms: 1_000_000,
+    }));
+    let start = again.loop_start.unwrap();
+    assert_eq!((start.seq, start.call_id.as_str()), (1, "call_1"));
+}
+
+#[test]
 fn exact_repeat_and_no_progress_share_one_counter() {
     let mut h = H::default();
     h.bash("ls", "a b c", false);

@@ -10,8 +10,9 @@ pub struct CallRef {
     /// 1-based index of the call among all calls the session has seen (since it started or was
     /// reset).
     pub seq: u64,
-    /// The host's call id; empty for calls older than the session's 6 most recent, whose ids
-    /// are not kept (to bound a session's memory). `seq` is always known.
+    /// The host's call id. A session keeps the ids of its 6 most recent calls and of the first
+    /// calls of the last 4 loops it reported (to bound its memory); other calls have an empty
+    /// id here, and `seq` only.
     pub call_id: String,
 }
 

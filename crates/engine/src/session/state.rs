@@ -6,7 +6,7 @@ use std::sync::Arc;
 use loopguard_rules::{Action, Settings};
 use loopguard_store::{GroupStore, WorkerId};
 
-use super::{Armed, CallIds, ID_POOL, MAX_UNKNOWN, Member, Session};
+use super::{Armed, CallIds, ID_POOL, MAX_UNKNOWN, Member, PINNED_IDS, Session};
 use crate::compiled::CompiledRules;
 use crate::detect::Record;
 use crate::detect::text::{TURNS, TextState};
@@ -91,6 +91,15 @@ impl Session {
             })
             .collect();
         call_ids.sort_by_key(|c| c.seq);
+        let loop_start_ids = self
+            .ids
+            .pinned
+            .iter()
+            .map(|(seq, id)| CallIdV1 {
+                seq: *seq,
+                id: id.to_string(),
+            })
+            .collect();
         let text = self.text.as_deref().map(|t| {
             let n = t.turns_len.min(TURNS);
             let turns = if n < TURNS {
@@ -126,6 +135,7 @@ impl Session {
             last_ms: self.last_ms,
             window,
             call_ids,
+            loop_start_ids,
             flags: self.flags,
             loops: loops_v1(&self.loops),
             allowance: self.allowance,
@@ -198,6 +208,11 @@ impl Session {
         for c in &snap.call_ids {
             ids.set(c.seq, &c.id);
         }
+        ids.pinned = snap
+            .loop_start_ids
+            .iter()
+            .map(|c| (c.seq, c.id.as_str().into()))
+            .collect();
         s.ids = ids;
         s.flags = snap.flags;
         s.loops = Loops::from_entries(snap.loops.iter().map(|l| (l.key, l.repeat, l.occasion)));
@@ -266,6 +281,22 @@ fn check(snap: &SessionV1) -> Result<(), String> {
         return Err(format!(
             "{} call ids, but a session keeps at most {ID_POOL}",
             snap.call_ids.len()
+        ));
+    }
+    if snap.loop_start_ids.len() > PINNED_IDS {
+        return Err(format!(
+            "{} loop-start call ids, but a session keeps at most {PINNED_IDS}",
+            snap.loop_start_ids.len()
+        ));
+    }
+    if let Some(c) = snap
+        .loop_start_ids
+        .iter()
+        .find(|c| c.seq == 0 || c.seq > snap.seq || c.id.is_empty())
+    {
+        return Err(format!(
+            "loop-start call id `{}` has seq {}, outside 1..={}, or is empty",
+            c.id, c.seq, snap.seq
         ));
     }
     let mut slots = [false; ID_POOL];
