@@ -42,9 +42,9 @@ pub struct Args {
     /// The backend name the policy's `overrides` match; default: the upstream's host.
     #[arg(long)]
     backend: Option<String>,
-    /// Where the model reads nudges.
-    #[arg(long, value_enum, default_value = "context")]
-    nudge: Nudge,
+    /// Where the model reads nudges; default: the policy's `escalation.nudge` (per model).
+    #[arg(long, value_enum)]
+    nudge: Option<Nudge>,
     /// Seconds the upstream may take to start answering, to send a whole non-streaming answer,
     /// or stay silent inside a stream.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
@@ -119,10 +119,10 @@ pub fn run(args: Args) -> u8 {
     init_logging();
     let options = Options {
         backend: args.backend,
-        nudge: match args.nudge {
+        nudge: args.nudge.map(|n| match n {
             Nudge::Context => NudgePlacement::Context,
             Nudge::System => NudgePlacement::System,
-        },
+        }),
         max_body_bytes: args.max_body_bytes,
         timeout: Duration::from_secs(args.timeout.max(1)),
         ..Options::new(args.upstream)

@@ -99,7 +99,8 @@ pub struct Options {
     pub upstream: String,
     /// The backend name matched by the policy's `overrides`; default: the upstream's host.
     pub backend: Option<String>,
-    pub nudge: NudgePlacement,
+    /// Where nudges go; `None`: as the policy says (`escalation.nudge`, per model).
+    pub nudge: Option<NudgePlacement>,
     /// Largest request body accepted (413 beyond it).
     pub max_body_bytes: usize,
     /// Upstream time limit: for the response headers and the whole of a non-streaming body,
@@ -115,7 +116,7 @@ impl Options {
         Options {
             upstream: upstream.into(),
             backend: None,
-            nudge: NudgePlacement::default(),
+            nudge: None,
             max_body_bytes: 16 << 20,
             timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),

@@ -332,7 +332,14 @@ impl State {
         let anchored: Vec<(String, String)> = book.nudges.iter().cloned().collect();
         let loose = std::mem::take(&mut book.loose);
         drop(books);
-        request::apply_nudges(messages, &anchored, &loose, self.options.nudge);
+        let placement =
+            self.options
+                .nudge
+                .unwrap_or_else(|| match turn.engine.rules().config().nudge {
+                    loopguard_rules::Nudge::Context => request::NudgePlacement::Context,
+                    loopguard_rules::Nudge::System => request::NudgePlacement::System,
+                });
+        request::apply_nudges(messages, &anchored, &loose, placement);
         Prepared::Forward(turn)
     }
 
@@ -647,6 +654,10 @@ mod tests {
         detectors:\n  exact_repeat: { threshold: 3 }\n";
 
     fn state(nudge: NudgePlacement) -> Arc<State> {
+        state_with(Some(nudge), TEST_POLICY)
+    }
+
+    fn state_with(nudge: Option<NudgePlacement>, policy_text: &str) -> Arc<State> {
         let options = Options {
             nudge,
             ..Options::new("http://127.0.0.1:9")
@@ -657,7 +668,7 @@ mod tests {
             None,
             reqwest::Client::new(),
             Setup {
-                policy: policy(TEST_POLICY),
+                policy: policy(policy_text),
                 server: Settings::default(),
             },
             None,
@@ -729,6 +740,59 @@ mod tests {
             .find(|m| m["tool_call_id"] == "c3")
             .unwrap();
         assert_eq!(c3["content"], "failed\n\n[loopguard] warned bash");
+    }
+
+    /// Three identical calls of model `model` (a session of its own); the request after them,
+    /// as forwarded.
+    fn nudged_request(s: &Arc<State>, model: &str) -> Vec<Value> {
+        let mut history = Vec::new();
+        for n in 1..=3 {
+            let mut body = request(history.clone());
+            body["model"] = json!(model);
+            body["user"] = json!(model);
+            let mut j = judge(s, &mut body);
+            let id = format!("c{n}");
+            let _ = j.judge("", &[call(&id)]);
+            history.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": id, "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}));
+            history.push(json!({"role": "tool", "tool_call_id": id, "content": "failed"}));
+        }
+        let mut body = request(history);
+        body["model"] = json!(model);
+        body["user"] = json!(model);
+        let _ = s.prepare(&HeaderMap::new(), &mut body);
+        body["messages"].as_array().unwrap().clone()
+    }
+
+    #[test]
+    fn the_policy_places_nudges_per_model_unless_the_flag_does() {
+        let text = TEST_POLICY.replace(
+            "escalation: { ladder: default }",
+            "escalation: { ladder: default, nudge: system }\n\
+             overrides:\n  - match: { model: 'ctx-*' }\n    escalation: { nudge: context }",
+        );
+        let s = state_with(None, &text);
+        // The policy says `system`: the result is untouched, a system message follows it.
+        let m = nudged_request(&s, "m");
+        let at = m.iter().position(|m| m["tool_call_id"] == "c3").unwrap();
+        assert_eq!(m[at]["content"], "failed");
+        assert_eq!(m[at + 1]["role"], "system", "{m:?}");
+        assert!(
+            m[at + 1]["content"]
+                .as_str()
+                .unwrap()
+                .contains("warned bash")
+        );
+        // Its override for `ctx-*` models says `context`.
+        let m = nudged_request(&s, "ctx-1");
+        let c3 = m.iter().find(|m| m["tool_call_id"] == "c3").unwrap();
+        assert_eq!(c3["content"], "failed\n\n[loopguard] warned bash");
+        // `--nudge context` wins over the policy.
+        let s = state_with(Some(NudgePlacement::Context), &text);
+        let m = nudged_request(&s, "m");
+        let c3 = m.iter().find(|m| m["tool_call_id"] == "c3").unwrap();
+        assert_eq!(c3["content"], "failed\n\n[loopguard] warned bash");
+        assert!(m.iter().all(|m| m["role"] != "system"), "{m:?}");
     }
 
     #[test]

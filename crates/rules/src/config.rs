@@ -279,6 +279,8 @@ pub struct Config {
     pub user: User,
     /// The ladder used when neither category nor detector names one.
     pub ladder: String,
+    /// Where a host that edits the conversation puts a warning for the model.
+    pub nudge: Nudge,
     pub ladders: BTreeMap<String, Ladder>,
     pub categories: Vec<Category>,
     pub detectors: Detectors,
@@ -286,6 +288,16 @@ pub struct Config {
     pub shell: Shell,
     pub results: Results,
     pub group: Group,
+}
+
+/// Where a host that edits the conversation puts a warning for the model (`escalation.nudge`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Nudge {
+    /// Appended to the result of the call it is about.
+    #[default]
+    Context,
+    /// A system message after that result.
+    System,
 }
 
 /// Group (swarm) scope: one fingerprint repeated across the sessions of a group.
@@ -581,6 +593,10 @@ impl Config {
             },
             ladder: s(section(root, "escalation", &none), "ladder")
                 .unwrap_or_else(|| "default".into()),
+            nudge: match s(section(root, "escalation", &none), "nudge").as_deref() {
+                Some("system") => Nudge::System,
+                _ => Nudge::Context,
+            },
             ladders,
             categories,
             detectors: Detectors::from_node(detectors_node),

@@ -27,7 +27,7 @@ pub mod schema;
 mod semantic;
 pub mod tiers;
 
-pub use config::{Action, Category, Config, Detectors, Group, Ladder, Step};
+pub use config::{Action, Category, Config, Detectors, Group, Ladder, Nudge, Step};
 pub use diagnostic::{Diagnostic, Severity, SourceMap};
 pub use policy::{DEFAULT_POLICY, LoadError, Loaded, Policy};
 pub use tiers::{SettingError, SettingKey, Settings};

@@ -78,6 +78,9 @@ pub const FORMAT_VERSION: i64 = 1;
 /// Actions a ladder step may take, mildest first.
 pub const ACTIONS: &[&str] = &["allow", "warn", "ask", "block", "terminate"];
 
+/// Where a host puts a warning for the model (`escalation.nudge`).
+pub const NUDGE_PLACES: &[&str] = &["context", "system"];
+
 /// Placeholders a message template may use.
 pub const PLACEHOLDERS: &[&str] = &[
     "tool",
@@ -692,12 +695,20 @@ const USER: &[Field] = &[
     ),
 ];
 
-const ESCALATION: &[Field] = &[f(
-    "ladder",
-    STR,
-    Some("default"),
-    "ladder used when neither the category nor the detector names one (the mode: e.g. `break`, `chance_then_break`)",
-)];
+const ESCALATION: &[Field] = &[
+    f(
+        "ladder",
+        STR,
+        Some("default"),
+        "ladder used when neither the category nor the detector names one (the mode: e.g. `break`, `chance_then_break`)",
+    ),
+    f(
+        "nudge",
+        Kind::Enum(NUDGE_PLACES),
+        Some("context"),
+        "where a host that edits the conversation (`loopctl proxy`) puts a warning for the model: `context` appends it to the warned call's result, `system` adds a system message after it",
+    ),
+];
 
 const GROUP: &[Field] = &[
     f(
