@@ -83,6 +83,29 @@ pub fn loopctl_path() -> PathBuf {
     path
 }
 
+/// The variables `loopctl` reads as its server-level settings and policy path.
+pub const LOOPGUARD_ENV: &[&str] = &[
+    "LOOPGUARD_RULES",
+    "LOOPGUARD_ENABLED",
+    "LOOPGUARD_MAX_REPEATS",
+    "LOOPGUARD_TTL_SECONDS",
+    "LOOPGUARD_MODE",
+];
+
+/// `loopctl proxy` (the binary at `loopctl`) on a free loopback port in front of `upstream`,
+/// from the workspace root, without the caller's [`LOOPGUARD_ENV`] variables. Its stdout is
+/// piped: the first line is `loopctl proxy listening on <base URL>`.
+pub fn proxy_command(loopctl: &Path, upstream: &str) -> Command {
+    let mut cmd = Command::new(loopctl);
+    cmd.current_dir(root())
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .stdout(std::process::Stdio::piped());
+    for var in LOOPGUARD_ENV {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
 /// A command running the real `loopctl` binary, from the workspace root.
 pub fn loopctl() -> assert_cmd::Command {
     let mut cmd = assert_cmd::Command::new(loopctl_path());

@@ -28,7 +28,7 @@
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -172,20 +172,8 @@ struct Proxy {
 
 impl Proxy {
     fn start(upstream: &str) -> Proxy {
-        let mut cmd = Command::new(loopctl());
-        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .env("LOOPGUARD_LOG", "warn");
-        for var in [
-            "LOOPGUARD_RULES",
-            "LOOPGUARD_ENABLED",
-            "LOOPGUARD_MAX_REPEATS",
-            "LOOPGUARD_TTL_SECONDS",
-            "LOOPGUARD_MODE",
-        ] {
-            cmd.env_remove(var);
-        }
+        let mut cmd = loopguard_tests::proxy_command(&loopctl(), upstream);
+        cmd.stderr(Stdio::inherit()).env("LOOPGUARD_LOG", "warn");
         let mut child = cmd.spawn().expect("start loopctl proxy");
         let mut line = String::new();
         let stdout = child.stdout.take().expect("piped stdout");

@@ -414,16 +414,25 @@ fn finished(text: String, calls: Vec<Call>, finish: Option<&str>) -> Seen {
     }
 }
 
-async fn plain_turn(http: &reqwest::Client, url: &str, session: &str, body: &Value) -> Seen {
-    let resp = match http
-        .post(url)
+/// Posts one chat-completions request of `session`.
+async fn send(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    body: &Value,
+) -> Result<reqwest::Response, Seen> {
+    http.post(url)
         .header("x-session-id", session)
         .json(body)
         .send()
         .await
-    {
+        .map_err(|e| Seen::Odd(format!("request failed: {e}")))
+}
+
+async fn plain_turn(http: &reqwest::Client, url: &str, session: &str, body: &Value) -> Seen {
+    let resp = match send(http, url, session, body).await {
         Ok(r) => r,
-        Err(e) => return Seen::Odd(format!("request failed: {e}")),
+        Err(odd) => return odd,
     };
     let status = resp.status().as_u16();
     let body: Value = match resp.json().await {
@@ -459,15 +468,9 @@ async fn plain_turn(http: &reqwest::Client, url: &str, session: &str, body: &Val
 
 /// A streamed turn assembled as an OpenAI client does it.
 async fn stream_turn(http: &reqwest::Client, url: &str, session: &str, body: &Value) -> Seen {
-    let resp = match http
-        .post(url)
-        .header("x-session-id", session)
-        .json(body)
-        .send()
-        .await
-    {
+    let resp = match send(http, url, session, body).await {
         Ok(r) => r,
-        Err(e) => return Seen::Odd(format!("request failed: {e}")),
+        Err(odd) => return odd,
     };
     let status = resp.status().as_u16();
     let raw = match resp.text().await {

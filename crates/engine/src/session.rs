@@ -19,9 +19,9 @@ use crate::verdict::{CallRef, Verdict};
 
 mod state;
 
-/// Call ids remembered for verdicts (older calls are reported by seq only)...
+/// Ids of the most recent calls remembered for verdicts (older calls are reported by seq only).
 const ID_POOL: usize = 6;
-/// ... plus the ids of this many loop starts, kept from the first verdict that named them so
+/// Ids of loop starts remembered besides them, kept from the first verdict that named them so
 /// that later verdicts on a long loop still say where it began.
 const PINNED_IDS: usize = 4;
 /// Tools a session remembers as unknown.

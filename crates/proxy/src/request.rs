@@ -143,18 +143,14 @@ pub fn strip_commands(messages: &mut Vec<Value>) -> Stripped {
     out
 }
 
-/// Where nudges go in the request to the model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NudgePlacement {
-    /// Appended to the content of the tool result answering the call it is about (the model
-    /// reads it with the output); a nudge about no call (text loops) is appended to the
-    /// request's last message when that is a user or tool message, else a system note.
-    #[default]
-    Context,
-    /// A `system` message after the tool results it is about (or at the end). Some chat
-    /// templates refuse system messages after the first one.
-    System,
-}
+/// Where nudges go in the request to the model: the policy's `escalation.nudge`.
+///
+/// `Context` appends a nudge to the content of the tool result answering the call it is about
+/// (the model reads it with the output); a nudge about no call (text loops) is appended to the
+/// request's last message when that is a user or tool message, else it is a system note.
+/// `System` adds a `system` message after the tool results it is about (or at the end); some
+/// chat templates refuse system messages after the first one.
+pub use loopguard_rules::Nudge as NudgePlacement;
 
 /// Adds nudges to a request. `anchored` are (tool_call_id, text): every tool result with that
 /// id gets the note, in this request and every later one, so the conversation the model sees

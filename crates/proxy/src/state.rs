@@ -332,13 +332,10 @@ impl State {
         let anchored: Vec<(String, String)> = book.nudges.iter().cloned().collect();
         let loose = std::mem::take(&mut book.loose);
         drop(books);
-        let placement =
-            self.options
-                .nudge
-                .unwrap_or_else(|| match turn.engine.rules().config().nudge {
-                    loopguard_rules::Nudge::Context => request::NudgePlacement::Context,
-                    loopguard_rules::Nudge::System => request::NudgePlacement::System,
-                });
+        let placement = self
+            .options
+            .nudge
+            .unwrap_or(turn.engine.rules().config().nudge);
         request::apply_nudges(messages, &anchored, &loose, placement);
         Prepared::Forward(turn)
     }

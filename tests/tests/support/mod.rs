@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -290,21 +290,9 @@ impl Proxy {
     pub fn spawn(upstream: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Proxy, String> {
         let dir = tempfile::tempdir().unwrap();
         let stderr = dir.path().join("stderr.log");
-        let mut cmd = Command::new(loopguard_tests::loopctl_path());
-        cmd.current_dir(loopguard_tests::root())
-            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
-            .args(args)
-            .stdout(Stdio::piped())
+        let mut cmd = loopguard_tests::proxy_command(&loopguard_tests::loopctl_path(), upstream);
+        cmd.args(args)
             .stderr(std::fs::File::create(&stderr).unwrap());
-        for var in [
-            "LOOPGUARD_RULES",
-            "LOOPGUARD_ENABLED",
-            "LOOPGUARD_MAX_REPEATS",
-            "LOOPGUARD_TTL_SECONDS",
-            "LOOPGUARD_MODE",
-        ] {
-            cmd.env_remove(var);
-        }
         cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().expect("start loopctl proxy");
         let stdout = child.stdout.take().unwrap();
