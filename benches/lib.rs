@@ -169,6 +169,7 @@ pub fn replay(engine: &Engine, events: &[(String, Owned)]) -> usize {
                 chunk: false,
                 end_of_turn: true,
                 reasoning: false,
+                narration: false,
                 time_ms: *t,
             })),
             Owned::User { text, t } => engine.observe(&Event::User(UserMessage {

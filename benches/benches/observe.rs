@@ -119,6 +119,7 @@ fn text_chunk(c: &mut Criterion) {
                 chunk: true,
                 end_of_turn: end,
                 reasoning: false,
+                narration: false,
                 time_ms: t,
             }));
             i += 1;

@@ -25,6 +25,8 @@ pub struct ToolInfo {
     pub keys: ToolKeys,
     /// False when `unknown_tool.known_tools` is non-empty and does not list it.
     pub known: bool,
+    /// Its category `modifies`: a successful call is progress for the calls around it.
+    pub modifies: bool,
 }
 
 #[derive(Debug, Default)]
@@ -155,6 +157,9 @@ impl CompiledRules {
             category,
             keys: self.fingerprint.tool_keys(c, name),
             known: known_tools.is_empty() || known_tools.iter().any(|g| g.is_match(&lookup)),
+            modifies: category
+                .and_then(|i| c.categories.get(i))
+                .is_some_and(|cat| cat.modifies),
         }
     }
 

@@ -45,15 +45,21 @@ pub struct Text<'a> {
     pub end_of_turn: bool,
     /// Reasoning-only text (thinking), not shown to the user.
     pub reasoning: bool,
+    /// The text accompanies tool calls in the same assistant message ("Let me read the next
+    /// file"): narration is never a text loop on its own (the calls are judged as calls), and
+    /// the turn is not a turn without action.
+    pub narration: bool,
     pub time_ms: u64,
 }
 
-/// A message from a person, or a note the host injected itself.
+/// A message from a person, or a user-role message the host or framework sent itself.
 #[derive(Clone, Copy, Debug)]
 pub struct UserMessage<'a> {
     pub session: &'a str,
     pub text: &'a str,
-    /// The host injected it (a nudge); it never resets counts.
+    /// The host or framework sent it (a nudge, a "continue" prompt, an observation), not a
+    /// person: it changes no count. Messages matching the policy's `user.automated_patterns`
+    /// are treated the same way.
     pub injected: bool,
     pub time_ms: u64,
 }

@@ -520,7 +520,7 @@ impl FingerprintRules {
                     .flat_map(|t| t.volatile_keys.iter().map(String::as_str)),
             ),
         );
-        let shell = self.shell.tools.iter().any(|g| g.is_match(tool));
+        let shell = self.shell.tools.iter().any(|g| g.is_match(name));
         let command_keys: &[Box<str>] = if shell { &self.shell.command_keys } else { &[] };
         let roles = KeySet::new(
             primary
@@ -772,6 +772,12 @@ impl FingerprintRules {
     /// The hash of a string's canonical form: whitespace collapsed (when the policy says so),
     /// and for a path, separators normalized. Canonical strings are hashed as they are.
     fn text_hash(&self, s: &str, path: bool) -> u64 {
+        if s.starts_with("http")
+            && let Some(q) = s.find('?')
+            && s[..q].contains("://")
+        {
+            return self.url_hash(s, q);
+        }
         let path = path && self.path_separators;
         let canonical = if self.collapse_whitespace {
             plain(s.as_bytes(), path) || (collapsed(s) && (!path || clean_path(s)))
@@ -791,6 +797,34 @@ impl FingerprintRules {
                     }
                     buf.extend_from_slice(w.as_bytes());
                 }
+            }
+            hash_bytes(tag::TEXT, buf)
+        })
+    }
+
+    /// The hash of a URL without its volatile query parameters (`?_ts=…`, `&request_id=…`,
+    /// any parameter named by `volatile_keys` or starting with `_`): a cache-busting parameter
+    /// does not make a new request. `q` is the position of the `?`.
+    fn url_hash(&self, s: &str, q: usize) -> u64 {
+        with_scratch(|buf| {
+            buf.extend_from_slice(s[..q].trim().as_bytes());
+            let (query, fragment) = match s[q + 1..].split_once('#') {
+                Some((a, b)) => (a, Some(b)),
+                None => (&s[q + 1..], None),
+            };
+            let mut first = true;
+            for param in query.split('&').filter(|p| !p.is_empty()) {
+                let name = param.split_once('=').map_or(param, |(n, _)| n);
+                if name.starts_with('_') || self.volatile_keys.iter().any(|k| **k == *name) {
+                    continue;
+                }
+                buf.push(if first { b'?' } else { b'&' });
+                first = false;
+                buf.extend_from_slice(param.trim().as_bytes());
+            }
+            if let Some(f) = fragment {
+                buf.push(b'#');
+                buf.extend_from_slice(f.as_bytes());
             }
             hash_bytes(tag::TEXT, buf)
         })
@@ -954,6 +988,20 @@ mod tests {
         // Paging a read tool is not a plain read.
         let paged = keys("read_file", &json!({"path": "src/main.rs", "offset": 100}));
         assert_ne!(paged.fuzzy, read.fuzzy);
+    }
+
+    /// A cache-busting query parameter made every poll of one URL a new call.
+    #[test]
+    fn volatile_url_parameters_do_not_make_a_new_call() {
+        let url = |u: &str| keys("http_request", &json!({"method": "GET", "url": u}));
+        let a = url("https://x.io/api/jobs/77?_ts=1718704873&view=full");
+        let b = url("https://x.io/api/jobs/77?_ts=1718704914&view=full");
+        let c = url("https://x.io/api/jobs/77?view=full&request_id=9");
+        assert_eq!(a.exact, b.exact);
+        assert_eq!(a.exact, c.exact);
+        assert_eq!(a.fuzzy, b.fuzzy);
+        assert_ne!(a.exact, url("https://x.io/api/jobs/77?view=summary").exact);
+        assert_ne!(a.exact, url("https://x.io/api/jobs/78?_ts=1").exact);
     }
 
     #[test]

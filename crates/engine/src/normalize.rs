@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use regex::Regex;
 
 use crate::event::ToolResult;
-use crate::hash::hash_bytes;
+use crate::hash::{StreamHasher, hash_bytes};
 
 /// Which built-in maskers are on.
 #[derive(Clone, Copy, Debug, Default)]
@@ -20,6 +20,7 @@ pub struct Maskers {
     pub durations: bool,
     pub counters: bool,
     pub temp_paths: bool,
+    pub ids: bool,
 }
 
 /// Result rules compiled from the policy.
@@ -28,6 +29,7 @@ pub struct ResultRules {
     pub(crate) maskers: Maskers,
     pub(crate) patterns: Vec<(Regex, String)>,
     pub(crate) empty: Vec<Regex>,
+    pub(crate) errors: Vec<Regex>,
     pub(crate) retryable: Vec<Regex>,
     pub(crate) max_bytes: usize,
 }
@@ -61,6 +63,7 @@ impl ResultRules {
                 "durations" => m.durations = true,
                 "counters" => m.counters = true,
                 "temp_paths" => m.temp_paths = true,
+                "ids" => m.ids = true,
                 _ => {}
             }
         }
@@ -73,6 +76,7 @@ impl ResultRules {
                 .map(|p| (p.regex.clone(), p.replace.clone()))
                 .collect(),
             empty: c.results.empty_patterns.clone(),
+            errors: c.results.error_patterns.clone(),
             retryable: c.results.retryable_patterns.clone(),
             max_bytes: c.results.max_bytes.max(1),
         }
@@ -117,14 +121,78 @@ impl ResultRules {
                 *buf = s;
             }
         }
-        let error = r.is_error || r.exit_code.is_some_and(|c| c != 0);
+        let masked = buf.trim();
+        let error = r.is_error
+            || match r.exit_code {
+                Some(code) => code != 0,
+                None => {
+                    let mut head = masked.len().min(512);
+                    while !masked.is_char_boundary(head) {
+                        head -= 1;
+                    }
+                    let head = &masked[..head];
+                    self.errors.iter().any(|re| re.is_match(head))
+                }
+            };
+        // A failure is known by its signature, its first and last lines: the same error for
+        // different attempts (other content, other arguments echoed in between) is the same
+        // outcome.
+        let digest = if error {
+            let mut lines = masked.lines().map(str::trim).filter(|l| !l.is_empty());
+            let first = lines.next().unwrap_or("");
+            let last = lines.next_back().unwrap_or("");
+            hash_bytes(hash_bytes(1, first.as_bytes()), last.as_bytes())
+        } else {
+            digest_folding_ends(masked)
+        };
         Outcome {
-            digest: hash_bytes(0, buf.trim().as_bytes()),
+            digest,
             error,
             empty: self.empty.iter().any(|re| re.is_match(buf)),
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
+}
+
+/// Results with this many lines or more have their first and last lines compared with every
+/// run of digits folded into one: a harness wraps output in a header or footer of counters and
+/// timings (`[exec #7 exit=0 elapsed=0.01s]`, `read 3× this session · 0.4 ms`) that is noise,
+/// while the numbers inside the output are its news.
+const FOLD_ENDS_LINES: usize = 6;
+
+/// The digest of a masked, trimmed result (see [`FOLD_ENDS_LINES`]).
+fn digest_folding_ends(masked: &str) -> u64 {
+    let bytes = masked.as_bytes();
+    let lines = bytes.iter().filter(|&&b| b == b'\n').count() + 1;
+    if lines < FOLD_ENDS_LINES {
+        return hash_bytes(0, bytes);
+    }
+    let first_end = masked.find('\n').unwrap_or(masked.len());
+    let last_start = masked.rfind('\n').map_or(0, |i| i + 1).max(first_end);
+    let mut h = StreamHasher::new();
+    fold_digits(&mut h, &bytes[..first_end]);
+    h.bytes(&bytes[first_end..last_start]);
+    fold_digits(&mut h, &bytes[last_start..]);
+    h.finish()
+}
+
+/// Hashes `text` with each run of ASCII digits as one `0`.
+fn fold_digits(h: &mut StreamHasher, text: &[u8]) {
+    let mut from = 0;
+    let mut i = 0;
+    while i < text.len() {
+        if text[i].is_ascii_digit() {
+            h.bytes(&text[from..i]);
+            h.byte(b'0');
+            while i < text.len() && text[i].is_ascii_digit() {
+                i += 1;
+            }
+            from = i;
+        } else {
+            i += 1;
+        }
+    }
+    h.bytes(&text[from..]);
 }
 
 /// Masks `s` into `out` with the enabled maskers, in one pass.
@@ -180,6 +248,10 @@ fn mask_into(m: &Maskers, s: &str, out: &mut String) {
             } else {
                 None
             }
+        } else if c == b'#' && m.counters && (i == 0 || !is_word(b[i - 1])) {
+            // #7
+            let n = digits(b, i + 1);
+            (n > 0 && (i + 1 + n >= b.len() || !is_word(b[i + 1 + n]))).then_some((1 + n, "#<n>"))
         } else if c == b'/' && m.temp_paths {
             temp_len(b, i).map(|n| (n, "/tmp/<tmp>"))
         } else {
@@ -268,6 +340,15 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
         {
             return Some((len, "<dur>"));
         }
+        if m.ids && volatile_key_before(b, i) {
+            let mut j = i + n;
+            if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
+                j += 1 + digits(b, j + 1);
+            }
+            if end_ok(j) {
+                return Some((j - i, "<n>"));
+            }
+        }
     }
     if m.uuids && c.is_ascii_hexdigit() && uuid_at(b, i) {
         return Some((36, "<uuid>"));
@@ -282,15 +363,25 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
             return Some((start - i + n, "<hex>"));
         }
     }
-    if m.pids && (c == b'p' || c == b'P') && starts_ci(b, i, "pid") {
-        let mut j = i + 3;
-        while j < b.len() && matches!(b[j], b' ' | b':' | b'=' | b'#') {
-            j += 1;
+    if m.pids && matches!(c, b'p' | b'P' | b't' | b'T') {
+        for word in ["pid", "pgid", "ppid", "tid"] {
+            if !starts_ci(b, i, word) {
+                continue;
+            }
+            let mut j = i + word.len();
+            while j < b.len() && matches!(b[j], b' ' | b':' | b'=' | b'#') {
+                j += 1;
+            }
+            let n = digits(b, j);
+            if n > 0 && j > i + word.len() && end_ok(j + n) {
+                return Some((j + n - i, "pid <n>"));
+            }
         }
-        let n = digits(b, j);
-        if n > 0 && j > i + 3 && end_ok(j + n) {
-            return Some((j + n - i, "pid <n>"));
-        }
+    }
+    if m.ids
+        && let Some(len) = id_len(b, i)
+    {
+        return Some((len, "<id>"));
     }
     if m.counters {
         for (word, rep) in [
@@ -299,10 +390,13 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
             ("try", "try <n>"),
             ("iteration", "iteration <n>"),
             ("round", "round <n>"),
+            ("revision", "revision <n>"),
+            ("build", "build <n>"),
+            ("run", "run <n>"),
         ] {
             if starts_ci(b, i, word) {
                 let mut j = i + word.len();
-                while j < b.len() && matches!(b[j], b' ' | b'#') {
+                while j < b.len() && matches!(b[j], b' ' | b'#' | b':' | b'=') {
                     j += 1;
                 }
                 let n = digits(b, j);
@@ -313,6 +407,91 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
         }
     }
     None
+}
+
+/// Key names (or their last `_` part) whose numeric values are ids, times and timings.
+const VOLATILE_KEYS: &[&str] = &[
+    "id",
+    "ms",
+    "ns",
+    "us",
+    "took",
+    "elapsed",
+    "duration",
+    "latency",
+    "time",
+    "timestamp",
+    "ts",
+    "at",
+    "seq",
+    "nonce",
+    "pid",
+    "epoch",
+    "seconds",
+    "secs",
+    "sec",
+    "millis",
+];
+
+/// The number at `i` is the value of a key such as `"took_ms": 132`, `request_id=88`,
+/// `"messageId": 7`.
+fn volatile_key_before(b: &[u8], i: usize) -> bool {
+    let mut j = i;
+    let skip = |j: &mut usize, set: &[u8]| {
+        while *j > 0 && set.contains(&b[*j - 1]) {
+            *j -= 1;
+        }
+    };
+    skip(&mut j, b" \"'");
+    if j == 0 || !matches!(b[j - 1], b':' | b'=') {
+        return false;
+    }
+    j -= 1;
+    skip(&mut j, b" \"'");
+    let end = j;
+    while j > 0 && (b[j - 1].is_ascii_alphanumeric() || b[j - 1] == b'_' || b[j - 1] == b'-') {
+        j -= 1;
+    }
+    let key = &b[j..end];
+    if key.is_empty() {
+        return false;
+    }
+    // The last part: after `_` or `-`, or a camelCase tail (`messageId`, `tookMs`).
+    let cut = key
+        .iter()
+        .rposition(|&c| c == b'_' || c == b'-')
+        .map(|p| p + 1)
+        .or_else(|| key.iter().rposition(u8::is_ascii_uppercase))
+        .unwrap_or(0);
+    let last = &key[cut..];
+    VOLATILE_KEYS
+        .iter()
+        .any(|k| last.eq_ignore_ascii_case(k.as_bytes()) || key.eq_ignore_ascii_case(k.as_bytes()))
+}
+
+/// An opaque id at `i`: a token of letters, digits, `_` and `-` of 6 or more bytes with at
+/// least 2 digits and 2 letters (`msg_01H8XK2`, `om_x100b8f3`, `req-7f3a9c`), not a plain word
+/// or number.
+fn id_len(b: &[u8], i: usize) -> Option<usize> {
+    let n = b[i..]
+        .iter()
+        .take_while(|&&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        .count();
+    let tok = &b[i..i + n];
+    // A trailing `-` belongs to the text around it.
+    let n = n - tok.iter().rev().take_while(|&&c| c == b'-').count();
+    let tok = &b[i..i + n];
+    if n < 6 || (i + n < b.len() && b[i + n].is_ascii_alphanumeric()) {
+        return None;
+    }
+    let digits = tok.iter().filter(|c| c.is_ascii_digit()).count();
+    let letters = tok.iter().filter(|c| c.is_ascii_alphabetic()).count();
+    // A number with a unit (`1200px`, `64GiB`) is not an id: some letter precedes a digit.
+    let mixed = tok
+        .iter()
+        .position(u8::is_ascii_alphabetic)
+        .is_some_and(|first| tok[first..].iter().any(u8::is_ascii_digit));
+    (digits >= 2 && letters >= 2 && mixed).then_some(n)
 }
 
 fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
@@ -439,6 +618,7 @@ mod tests {
             durations: true,
             counters: true,
             temp_paths: true,
+            ids: true,
         }
     }
 
@@ -462,6 +642,17 @@ mod tests {
                 "read <n> times (<n>/<n>) attempt <n>",
             ),
             ("wrote /tmp/xyz123/out.txt", "wrote /tmp/<tmp>/out.txt"),
+            (
+                "[exec #7 exit=0 elapsed=0.01s]",
+                "[exec #<n> exit=0 elapsed=<dur>]",
+            ),
+            (
+                r#"{"message_id": "om_x100b8f06f1dcb1f8", "took_ms": 132, "seq": 4}"#,
+                r#"{"message_id": "<id>", "took_ms": <n>, "seq": <n>}"#,
+            ),
+            ("id msg_01H8XK2ZQW9 messageId=77", "id <id> messageId=<n>"),
+            ("Process Group PGID: 48213", "Process Group pid <n>"),
+            ("REVISION: 14", "revision <n>"),
         ];
         for (input, want) in cases {
             assert_eq!(mask(&m, input), want, "{input:?}");
@@ -477,6 +668,9 @@ mod tests {
             "line 42: unexpected token",
             "héllo wörld — ünïcode 12",
             "facade accepted",
+            "viewport top now at 1200px, 64GiB free",
+            "python3 x86_64 v2 utf8",
+            r#"{"count": 17, "port": 8080, "status": "processing"}"#,
         ] {
             assert_eq!(mask(&m, s), s);
         }

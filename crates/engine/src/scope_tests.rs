@@ -702,6 +702,7 @@ fn feed(engine: &Engine, events: &[(usize, Ev)], calls: &mut [Vec<String>; 2]) -
                 chunk: false,
                 end_of_turn: true,
                 reasoning: false,
+                narration: false,
                 time_ms: t,
             })),
             Ev::User { text } => engine.observe(&Event::User(UserMessage {

@@ -8,7 +8,7 @@ use loopguard_rules::{Action, Settings};
 use loopguard_store::{GroupStore, WorkerId};
 
 use crate::compiled::CompiledRules;
-use crate::detect::text::{TURNS, TextState};
+use crate::detect::text::{TURNS, TextState, TurnText};
 use crate::detect::{Det, Detection, Involved, Record, Window, calls, flag, results};
 use crate::escalation::{Decision, Loops, Vars, decide, default_message, render};
 use crate::event::{Call, Event, Text, ToolResult, UserMessage};
@@ -59,6 +59,28 @@ pub struct Session {
     settings: Option<Box<Settings>>,
     /// Membership of a group (swarm), when the session joined one.
     group: Option<Box<Member>>,
+    /// Seq of the newest call before the latest message from a person, and what that message
+    /// did to the calls before it.
+    user_seq: u32,
+    user_turn: UserTurn,
+}
+
+/// What the latest message from a person did to the counts of the calls before it.
+///
+/// A person's message may change the situation (new information, a new request), or not ("any
+/// update?", "we are going in circles"). The calls before it are set aside until the outcome of
+/// a repeated call says which: the same outcome again means the message changed nothing, and
+/// the earlier calls count again; a different outcome means it did, and they stay aside.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum UserTurn {
+    /// Every call in the window counts.
+    #[default]
+    Open,
+    /// Calls up to `user_seq` are set aside until a repeated call's outcome decides.
+    Pending,
+    /// Calls up to `user_seq` are set aside for good: the message changed the situation, or
+    /// asked for a retry or for repetitions.
+    Final,
 }
 
 /// A session's place in a group (swarm) of workers.
@@ -112,6 +134,8 @@ impl Session {
             armed: None,
             settings: None,
             group: None,
+            user_seq: 0,
+            user_turn: UserTurn::Open,
         }
     }
 
@@ -290,7 +314,18 @@ impl Session {
         }
     }
 
+    /// The live window: calls within the TTL, and not set aside by a person's message.
     fn window(&self, now: u32) -> Window<'_> {
+        let mut w = self.full_window(now);
+        if self.user_turn != UserTurn::Open {
+            let after = self.seq.wrapping_sub(self.user_seq) as usize;
+            w.live = w.live.min(after);
+        }
+        w
+    }
+
+    /// The window with the calls set aside by a person's message.
+    fn full_window(&self, now: u32) -> Window<'_> {
         let mut w = Window {
             buf: &self.ring,
             start: self.start as usize,
@@ -330,9 +365,11 @@ impl Session {
         let keys = rules
             .fingerprint
             .keys(&tool.keys, &c.arguments, &det.test_fix.test_commands);
-        // A call ends any text turn: that turn was not a monologue.
+        // A call ends any text turn: that turn was not a monologue. Text said again after a
+        // call is a status line about new work, not a repeated turn.
         if let Some(text) = &mut self.text {
             text.end_turn();
+            text.forget_turns();
         }
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
@@ -343,6 +380,7 @@ impl Session {
             (keys.test, flag::TEST),
             (keys.file_op, flag::FILE_OP),
             (tool.keys.shell, flag::SHELL),
+            (tool.modifies && !read_only(&c.arguments), flag::MODIFY),
         ] {
             if on {
                 flags |= f;
@@ -487,7 +525,7 @@ impl Session {
         let now = self.rel(r.time_ms);
         let h = hash_str(r.call_id) as u32;
         let cap = self.cap();
-        let Some(k) = self.window(now).iter().position(|x| x.call == h) else {
+        let Some(k) = self.full_window(now).iter().position(|x| x.call == h) else {
             return Verdict::allow();
         };
         let outcome = rules.results.outcome(r);
@@ -495,7 +533,12 @@ impl Session {
         let Some(rec) = self.ring.get_mut(idx) else {
             return Verdict::allow();
         };
-        rec.flags &= !(flag::RESULT | flag::ERROR | flag::EMPTY | flag::RETRYABLE | flag::BLOCKED);
+        rec.flags &= !(flag::RESULT
+            | flag::ERROR
+            | flag::EMPTY
+            | flag::RETRYABLE
+            | flag::BLOCKED
+            | flag::CHANGED);
         rec.flags |= flag::RESULT;
         for (on, f) in [
             (outcome.error, flag::ERROR),
@@ -507,7 +550,17 @@ impl Session {
             }
         }
         rec.digest = outcome.digest as u32;
-        let rec = *rec;
+        let mut rec = *rec;
+        // Did the world this call looks at change since its previous run?
+        let full = self.full_window(now);
+        let changed = (k + 1..full.len())
+            .filter_map(|i| full.get(i))
+            .find(|o| o.exact == rec.exact && o.real_result())
+            .is_some_and(|o| !rec.same_outcome_as(o));
+        if changed && let Some(r) = self.ring.get_mut(idx) {
+            r.flags |= flag::CHANGED;
+            rec = *r;
+        }
         let tool = rules.tool_by_id(rec.tool);
         let category = tool.as_ref().and_then(|t| t.category);
         let det = rules.detectors(category);
@@ -525,7 +578,12 @@ impl Session {
             }
             self.unknown.push(rec.tool);
         }
+        self.judge_user_turn(&rec, k, now);
         let w = self.window(now);
+        if k >= w.len() {
+            // A call set aside by a person's message.
+            return Verdict::allow();
+        }
         let a = self.allowance;
         let cands = [
             results::no_progress(&w, k, &det.no_progress, a),
@@ -533,6 +591,7 @@ impl Session {
             results::error_cascade(&w, k, &det.error_cascade)
                 .map(|d| tool.as_ref().map_or(d, |t| by_name(d, &t.name))),
             results::test_fix(&w, k, &det.test_fix),
+            calls::failing_cycle(&w, k, &det.cycle, a),
         ];
         let hits = rules
             .plugins
@@ -568,18 +627,45 @@ impl Session {
         warning
     }
 
+    /// A result of the call at `k` (its record `rec`) arrived: if a person's message set calls
+    /// aside and this call repeats one of them, their outcomes say whether the message changed
+    /// anything.
+    fn judge_user_turn(&mut self, rec: &Record, k: usize, now: u32) {
+        if self.user_turn != UserTurn::Pending || !rec.real_result() {
+            return;
+        }
+        let after = self.seq.wrapping_sub(self.user_seq) as usize;
+        if k >= after {
+            return;
+        }
+        let w = self.full_window(now);
+        let before = (after..w.len())
+            .filter_map(|i| w.get(i))
+            .find(|o| o.exact == rec.exact && o.real_result());
+        if let Some(o) = before {
+            self.user_turn = if rec.same_outcome_as(o) {
+                UserTurn::Open
+            } else {
+                UserTurn::Final
+            };
+        }
+    }
+
     fn on_text(&mut self, t: &Text<'_>) -> Verdict {
         let rules = Arc::clone(&self.rules);
         let p = &rules.config.detectors;
         let end = !t.chunk || t.end_of_turn;
         let ts = self.text.get_or_insert_with(Box::default);
         let occasion = TEXT_OCCASION | ts.turn_no.wrapping_add(1);
-        ts.turn.feed(t.text);
+        // Reasoning is only scanned for chanting: it is not a turn of its own.
+        if !t.reasoning {
+            ts.turn.feed(t.text);
+        }
         let mut chant = None;
         if p.chanting.enabled {
             let ch = ts.chant.get_or_insert_with(Box::default);
             chant = ch.feed(t.text, &p.chanting);
-            if end {
+            if end || (t.reasoning && !t.chunk) {
                 chant = chant.or(ch.end(&p.chanting));
                 // Idle sessions keep no text buffers.
                 ts.chant = None;
@@ -588,10 +674,14 @@ impl Session {
         let chanting = chant
             .map(|(key, count)| Detection::new(Det::Chanting, key, count, p.chanting.threshold));
         let mut cands = [None, None, chanting];
-        if end {
+        // Narration beside calls is not a turn without action, nor a repeated turn: the calls
+        // are judged, not the words.
+        if end && !t.reasoning {
             ts.turn_no = ts.turn_no.wrapping_add(1);
-            ts.monologue = ts.monologue.saturating_add(1);
+        }
+        if end && !t.reasoning && !t.narration {
             let (digest, chars) = ts.turn.take();
+            ts.monologue = ts.monologue.saturating_add(1);
             if p.monologue.enabled && ts.monologue >= p.monologue.threshold {
                 cands[0] = Some(Detection::new(
                     Det::Monologue,
@@ -600,7 +690,8 @@ impl Session {
                     p.monologue.threshold,
                 ));
             }
-            if p.text_repeat.enabled && chars >= p.text_repeat.min_chars {
+            // Empty turns count too: nothing said again, each answered by a host prompt.
+            if p.text_repeat.enabled && (chars >= p.text_repeat.min_chars || chars == 0) {
                 let seen = ts.turns[..ts.turns_len]
                     .iter()
                     .filter(|&&d| d == digest)
@@ -618,27 +709,37 @@ impl Session {
                 }
             }
         }
+        if end && t.narration {
+            ts.turn = TurnText::default();
+        }
         let now = self.rel(t.time_ms);
         let hits = rules.plugins.on_text(t, &self.window(now));
         self.escalate(&rules, &cands, hits, None, occasion, None, now)
     }
 
     fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
-        if u.injected {
+        let user = &self.rules.config.user;
+        if u.injected || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
             return Verdict::allow();
         }
         if let Some(text) = &mut self.text {
             text.end_turn();
         }
+        let allowance = allowance(user, u.text);
+        let retry = user.retry_requests.iter().any(|re| re.is_match(u.text));
         if self.rules.config.time.reset_on_user_message {
-            self.clear_window();
-            self.loops.clear();
-            if let Some(text) = &mut self.text {
-                text.forget_turns();
-            }
+            // The calls so far are set aside; their loops keep their escalation unless the
+            // person asked for a retry or for repetitions.
+            self.user_seq = self.seq;
+            self.user_turn = if retry || allowance > 0 {
+                self.loops.clear();
+                UserTurn::Final
+            } else {
+                UserTurn::Pending
+            };
             self.armed = None;
         }
-        self.allowance = allowance(&self.rules.config.user, u.text);
+        self.allowance = allowance;
         Verdict::allow()
     }
 
@@ -656,6 +757,8 @@ impl Session {
         }
         self.unknown.clear();
         self.armed = None;
+        self.user_seq = 0;
+        self.user_turn = UserTurn::Open;
         if let Some(m) = self.group.as_deref_mut() {
             m.loops.clear();
         }
@@ -829,6 +932,28 @@ impl Session {
             calls,
             loop_start,
             notes: Vec::new(),
+        }
+    }
+}
+
+/// A call of an editing tool that only looks (`str_replace_editor` with `command: view`): it
+/// changes nothing, so it is no evidence of progress.
+fn read_only(args: &crate::event::Arguments<'_>) -> bool {
+    fn looks(v: &serde_json::Value) -> bool {
+        ["command", "action", "mode", "operation"].iter().any(|k| {
+            v.get(k)
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|s| {
+                    ["view", "read", "list", "show", "get", "cat", "open"]
+                        .iter()
+                        .any(|w| s.eq_ignore_ascii_case(w))
+                })
+        })
+    }
+    match args {
+        crate::event::Arguments::Json(v) => looks(v),
+        crate::event::Arguments::Raw(s) => {
+            serde_json::from_str::<serde_json::Value>(s).is_ok_and(|v| looks(&v))
         }
     }
 }

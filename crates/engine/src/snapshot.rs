@@ -172,6 +172,19 @@ pub(crate) struct SessionV1 {
     pub unknown_tools: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub armed: Option<ArmedV1>,
+    /// The latest message from a person, while calls before it are set aside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_turn: Option<UserTurnV1>,
+}
+
+/// Calls up to `seq` came before a message from a person; `final`: that message changed the
+/// situation (or asked for a retry), else it is still undecided.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UserTurnV1 {
+    pub seq: u32,
+    #[serde(rename = "final")]
+    pub decided: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,7 @@
-//! `loopctl`: check loopguard policies, print their schema, replay transcripts through them.
+//! `loopctl`: check loopguard policies, print their schema, replay transcripts through them and
+//! test policies against labelled transcripts.
 
+mod cases;
 mod plugins;
 mod proxy;
 mod simulate;
@@ -16,7 +18,8 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_INVALID: u8 = 1;
 /// Exit code: the command could not run (missing file, unreadable input).
 pub const EXIT_CANNOT_RUN: u8 = 2;
-/// Exit code of `simulate`: the policy intervened at least once.
+/// Exit code of `simulate`: the policy intervened at least once. Of `test`: a case failed, or a
+/// gate was not met.
 pub const EXIT_INTERVENED: u8 = 3;
 
 #[derive(Debug, Parser)]
@@ -57,11 +60,15 @@ enum Command {
     /// Print the JSON Schema of the policy format (for editors such as yaml-language-server).
     Schema {
         /// Print the Markdown rule reference instead.
-        #[arg(long, conflicts_with = "events")]
+        #[arg(long, conflicts_with_all = ["events", "test_case"])]
         reference: bool,
         /// Print the JSON Schema of one line of the loopguard event format instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "test_case")]
         events: bool,
+        /// Print the JSON Schema of a `loopctl test` case file (and of a sidecar
+        /// NAME.expect.json) instead.
+        #[arg(long)]
+        test_case: bool,
     },
     /// Describe detector plugins: name, version, plugin ABI version, thread-safety and the JSON
     /// Schema of their configuration.
@@ -118,6 +125,52 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         group: Option<String>,
     },
+    /// Run labelled transcripts as regression tests of a policy: each case says whether it is a
+    /// loop and where the policy must first intervene.
+    ///
+    /// A case is a transcript in any format `simulate` reads plus an `expect` block
+    /// (`{"loop": true, "unit": "call", "earliest": 3, "latest": 4}`): beside `messages` in the
+    /// same JSON object, or in a sidecar NAME.expect.json next to NAME.json / NAME.jsonl (the
+    /// schema: `loopctl schema --test-case`). Each case is replayed exactly as `simulate` replays
+    /// it, and its first intervention judged: PASS, EARLY, LATE, MISSED, FALSE ALARM, HARD FALSE
+    /// ALARM (a block or terminate on a non-loop case).
+    ///
+    /// Exit status: 0 when every case passed, or, when a gate is given, when every gate is met;
+    /// 3 when not; 1 on bad input (a malformed case, expect block or policy, a transcript with
+    /// no expect block); 2 when a path could not be read. Every case is run even when another
+    /// is bad.
+    Test {
+        /// Case files, or directories (every *.json / *.jsonl file in them, not recursing;
+        /// *.expect.json files are sidecars, not cases).
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+        /// The policy file; default: LOOPGUARD_RULES, else the built-in `rules/default.yaml`.
+        #[arg(long, value_name = "FILE")]
+        rules: Option<std::path::PathBuf>,
+        /// Apply the policy's overrides for this backend.
+        #[arg(long)]
+        backend: Option<String>,
+        /// Apply the policy's overrides for this model.
+        #[arg(long)]
+        model: Option<String>,
+        /// Print one JSON object per case, then one with the totals (key `totals`).
+        #[arg(long)]
+        json: bool,
+        /// Gate: at least this share of loop cases caught in range, as a fraction (0.9) or a
+        /// percentage (90%).
+        #[arg(long, value_name = "R", value_parser = cases::parse_recall)]
+        min_recall: Option<f64>,
+        /// Gate: at most N non-loop cases with an intervention (hard ones included).
+        #[arg(long, value_name = "N")]
+        max_false_alarms: Option<usize>,
+        /// Gate: at most N non-loop cases with a block or terminate; 0 when only other gates
+        /// are given.
+        #[arg(long, value_name = "N")]
+        max_hard_false_alarms: Option<usize>,
+        /// Leave out the cases carrying this tag (repeatable).
+        #[arg(long = "exclude-tag", value_name = "TAG")]
+        exclude_tags: Vec<String>,
+    },
 }
 
 /// Writes to standard output; a closed pipe (`loopctl … | head`) is not an error.
@@ -154,10 +207,42 @@ fn main() -> ExitCode {
                 group,
             },
         ),
+        Command::Test {
+            paths,
+            rules,
+            backend,
+            model,
+            json,
+            min_recall,
+            max_false_alarms,
+            max_hard_false_alarms,
+            exclude_tags,
+        } => cases::run(
+            &paths,
+            &cases::Options {
+                rules,
+                backend,
+                model,
+                json,
+                min_recall,
+                max_false_alarms,
+                max_hard_false_alarms,
+                exclude_tags,
+            },
+        ),
         Command::Plugins { paths, json } => plugins::run(&paths, json),
         Command::Proxy(args) => proxy::run(args),
-        Command::Schema { reference, events } => {
-            if events {
+        Command::Schema {
+            reference,
+            events,
+            test_case,
+        } => {
+            if test_case {
+                emit(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&cases::case_schema()).unwrap_or_default()
+                ));
+            } else if events {
                 emit(&format!(
                     "{}\n",
                     serde_json::to_string_pretty(&transcript::event_schema()).unwrap_or_default()

@@ -9,18 +9,22 @@
 //! them together, each file's sessions as workers of group `NAME` (the worker is named after the
 //! file), their events merged by time (ties in file order, each file's own order kept), so that
 //! the group detector sees the calls of every worker.
+//!
+//! The replay itself ([`replay`]) is shared with `loopctl test`: it returns the list of
+//! [`Intervention`]s and reports the rest of the timeline to a caller-supplied sink, so both
+//! commands judge exactly the same verdicts.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use loopguard_engine::LoadedPlugin;
 use loopguard_engine::{
-    Action, Arguments, Call, Engine, Event, Text, ToolResult, UserMessage, Verdict,
+    Action, Arguments, Call, Engine, Event, Note, Text, ToolResult, UserMessage,
 };
-use loopguard_rules::{Policy, Settings, SourceMap};
+use loopguard_rules::{Config, Policy, Settings, SourceMap};
 use serde_json::{Value, json};
 
-use crate::transcript::{self, Args, Item, Kind, shorten};
+use crate::transcript::{self, Args, Item, Kind, Line, shorten};
 use crate::{EXIT_CANNOT_RUN, EXIT_INTERVENED, EXIT_INVALID, EXIT_OK, emit};
 
 /// What `simulate` was asked to do.
@@ -96,35 +100,68 @@ fn load_plugins(policy: &Policy, sources: &SourceMap) -> Result<Vec<LoadedPlugin
     })
 }
 
+/// Everything a replay needs before the first transcript: the policy (`--rules`, else
+/// `LOOPGUARD_RULES`, else the built-in default), the `LOOPGUARD_*` server tier, the overrides
+/// for the backend and model, and the policy's plugins (loaded once up front, so a plugin that
+/// does not load fails the command before any transcript is read).
+pub(crate) struct Setup {
+    pub policy: Policy,
+    sources: SourceMap,
+    config: Config,
+    /// The plugins loaded up front, for the first engine; later engines load fresh instances.
+    spare: Option<Vec<LoadedPlugin>>,
+    /// The plugins' names in backticks, for headers.
+    pub plugin_names: Vec<String>,
+}
+
+impl Setup {
+    /// Loads the policy and its plugins; prints what is wrong and returns the exit code otherwise.
+    pub fn load(
+        rules: Option<&Path>,
+        backend: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<Setup, u8> {
+        let rules = rules
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(RULES_ENV).map(PathBuf::from));
+        let (policy, sources) = load_policy(rules.as_deref())?;
+        let server = server_settings(&policy)?;
+        let config = policy.resolve_with(backend, model, &server);
+        let plugins = load_plugins(&policy, &sources)?;
+        let plugin_names = plugins.iter().map(|p| format!("`{}`", p.name())).collect();
+        Ok(Setup {
+            policy,
+            sources,
+            config,
+            spare: Some(plugins),
+            plugin_names,
+        })
+    }
+
+    /// A fresh engine with its own plugin instances.
+    pub fn engine(&mut self) -> Result<Engine, u8> {
+        let plugins = match self.spare.take() {
+            Some(p) => p,
+            None => load_plugins(&self.policy, &self.sources)?,
+        };
+        Ok(Engine::with_plugins(self.config.clone(), plugins))
+    }
+}
+
 pub fn run(files: &[PathBuf], opts: &Options) -> u8 {
-    let rules = opts
-        .rules
-        .clone()
-        .or_else(|| std::env::var_os(RULES_ENV).map(PathBuf::from));
-    let (policy, sources) = match load_policy(rules.as_deref()) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let server = match server_settings(&policy) {
+    let mut setup = match Setup::load(
+        opts.rules.as_deref(),
+        opts.backend.as_deref(),
+        opts.model.as_deref(),
+    ) {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let config = policy.resolve_with(opts.backend.as_deref(), opts.model.as_deref(), &server);
-    let mut plugins = match load_plugins(&policy, &sources) {
-        Ok(p) => Some(p),
-        Err(code) => return code,
-    };
-    let plugin_names: Vec<String> = plugins
-        .iter()
-        .flatten()
-        .map(|p| format!("`{}`", p.name()))
-        .collect();
+    if let Some(group) = &opts.group {
+        return run_group(files, group, &mut setup, opts);
+    }
     let mut worst_input = EXIT_OK;
     let mut interventions = 0usize;
-    if let Some(group) = &opts.group {
-        let engine = Engine::with_plugins(config, plugins.take().unwrap_or_default());
-        return run_group(files, group, &engine, &policy, &plugin_names, opts);
-    }
     for file in files {
         let parsed = match read_transcript(file) {
             Ok(t) => t,
@@ -134,22 +171,29 @@ pub fn run(files: &[PathBuf], opts: &Options) -> u8 {
             }
         };
         if !opts.json {
-            emit(&header(file, &parsed, &policy, &plugin_names, None));
+            emit(&header(
+                file,
+                &parsed,
+                &setup.policy,
+                &setup.plugin_names,
+                None,
+            ));
         }
-        let fresh = match plugins.take() {
-            Some(p) => p,
-            None => match load_plugins(&policy, &sources) {
-                Ok(p) => p,
-                Err(code) => return code,
-            },
+        let engine = match setup.engine() {
+            Ok(e) => e,
+            Err(code) => return code,
         };
-        let engine = Engine::with_plugins(config.clone(), fresh);
-        let worker = Worker {
+        let workers = [Worker {
             file,
             name: String::new(),
             items: &parsed.items,
+        }];
+        let printer = Printer {
+            workers: &workers,
+            group: None,
+            opts,
         };
-        interventions += replay(&[worker], None, &engine, opts);
+        interventions += replay(&workers, None, &engine, &mut |step| printer.print(&step)).len();
     }
     if !opts.json {
         emit(&format!(
@@ -169,37 +213,61 @@ pub fn run(files: &[PathBuf], opts: &Options) -> u8 {
 }
 
 /// One transcript of a replay; in a `--group` replay, one worker of the swarm.
-struct Worker<'a> {
-    file: &'a Path,
+pub(crate) struct Worker<'a> {
+    pub file: &'a Path,
     /// The worker's name in a `--group` replay (empty otherwise).
-    name: String,
-    items: &'a [Item],
+    pub name: String,
+    pub items: &'a [Item],
+}
+
+/// A file that could not be read as a transcript: the exit code it calls for and a one-line
+/// message that starts with the file name (and line and column, when known).
+#[derive(Debug)]
+pub(crate) struct InputError {
+    pub code: u8,
+    pub message: String,
+}
+
+/// Reads a file as UTF-8 text.
+pub(crate) fn read_text(file: &Path) -> Result<String, InputError> {
+    match std::fs::read(file) {
+        Ok(bytes) => String::from_utf8(bytes).map_err(|e| InputError {
+            code: EXIT_INVALID,
+            message: format!(
+                "{}: not UTF-8 text (invalid byte at offset {})",
+                file.display(),
+                e.utf8_error().valid_up_to()
+            ),
+        }),
+        Err(e) => Err(InputError {
+            code: EXIT_CANNOT_RUN,
+            message: format!("{}: {e}", file.display()),
+        }),
+    }
+}
+
+/// Parses the text of `file` as a transcript of any supported format.
+pub(crate) fn parse_transcript(
+    file: &Path,
+    text: &str,
+) -> Result<transcript::Transcript, InputError> {
+    transcript::parse(text).map_err(|e| {
+        let col = e.column.map(|c| format!(":{c}")).unwrap_or_default();
+        InputError {
+            code: EXIT_INVALID,
+            message: format!("{}:{}{col}: {}", file.display(), e.line, e.message),
+        }
+    })
 }
 
 /// Reads and parses one transcript; prints what is wrong and returns the exit code otherwise.
 fn read_transcript(file: &Path) -> Result<transcript::Transcript, u8> {
-    let text = match std::fs::read(file) {
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!(
-                    "error: {}: not UTF-8 text (invalid byte at offset {})",
-                    file.display(),
-                    e.utf8_error().valid_up_to()
-                );
-                return Err(EXIT_INVALID);
-            }
-        },
-        Err(e) => {
-            eprintln!("error: {}: {e}", file.display());
-            return Err(EXIT_CANNOT_RUN);
-        }
-    };
-    transcript::parse(&text).map_err(|e| {
-        let col = e.column.map(|c| format!(":{c}")).unwrap_or_default();
-        eprintln!("error: {}:{}{col}: {}", file.display(), e.line, e.message);
-        EXIT_INVALID
-    })
+    read_text(file)
+        .and_then(|text| parse_transcript(file, &text))
+        .map_err(|e| {
+            eprintln!("error: {}", e.message);
+            e.code
+        })
 }
 
 /// The line that introduces a transcript in the timeline.
@@ -236,14 +304,7 @@ fn header(
 /// `simulate --group`: every transcript is a worker of one swarm, replayed together through one
 /// engine. A transcript that cannot be read stops the replay (the swarm would not be the same
 /// without it).
-fn run_group(
-    files: &[PathBuf],
-    group: &str,
-    engine: &Engine,
-    policy: &Policy,
-    plugin_names: &[String],
-    opts: &Options,
-) -> u8 {
+fn run_group(files: &[PathBuf], group: &str, setup: &mut Setup, opts: &Options) -> u8 {
     let mut parsed = Vec::with_capacity(files.len());
     let mut worst_input = EXIT_OK;
     for file in files {
@@ -255,10 +316,20 @@ fn run_group(
     if worst_input != EXIT_OK {
         return worst_input;
     }
+    let engine = match setup.engine() {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
     let names = worker_names(files);
     if !opts.json {
         for ((file, t), name) in files.iter().zip(&parsed).zip(&names) {
-            emit(&header(file, t, policy, plugin_names, Some(name)));
+            emit(&header(
+                file,
+                t,
+                &setup.policy,
+                &setup.plugin_names,
+                Some(name),
+            ));
         }
         emit(&format!(
             "  {} workers of group `{group}`, events merged by time\n",
@@ -275,7 +346,15 @@ fn run_group(
             items: &t.items,
         })
         .collect();
-    let interventions = replay(&workers, Some(group), engine, opts);
+    let printer = Printer {
+        workers: &workers,
+        group: Some(group),
+        opts,
+    };
+    let interventions = replay(&workers, Some(group), &engine, &mut |step| {
+        printer.print(&step);
+    })
+    .len();
     if !opts.json {
         emit(&format!(
             "{interventions} intervention{} in {} transcript{} (group `{group}`)\n",
@@ -333,6 +412,144 @@ fn merged(workers: &[Worker<'_>]) -> Vec<(usize, usize)> {
     order
 }
 
+/// The engine event for one transcript event: the one place where transcript kinds become
+/// engine events.
+fn engine_event<'a>(kind: &'a Kind, session: &'a str, time_ms: u64) -> Event<'a> {
+    match kind {
+        Kind::Call {
+            id,
+            tool,
+            arguments,
+        } => Event::Call(Call {
+            session,
+            call_id: id,
+            tool,
+            arguments: match arguments {
+                Args::Json(v) => Arguments::Json(v),
+                Args::Raw(s) => Arguments::Raw(s),
+            },
+            time_ms,
+        }),
+        Kind::Result {
+            id,
+            output,
+            error,
+            exit_code,
+        } => Event::Result(ToolResult {
+            session,
+            call_id: id,
+            output,
+            is_error: *error,
+            exit_code: *exit_code,
+            time_ms,
+        }),
+        Kind::Text {
+            text,
+            chunk,
+            end,
+            reasoning,
+            narration,
+        } => Event::Text(Text {
+            session,
+            text,
+            chunk: *chunk,
+            end_of_turn: *end,
+            reasoning: *reasoning,
+            narration: *narration,
+            time_ms,
+        }),
+        Kind::User { text, injected } => Event::User(UserMessage {
+            session,
+            text,
+            injected: *injected,
+            time_ms,
+        }),
+        Kind::Reset => Event::Reset { session, time_ms },
+    }
+}
+
+/// One intervention of a replay: a verdict other than `allow`, placed in its transcript.
+#[derive(Clone, Debug)]
+pub(crate) struct Intervention {
+    /// Index of the worker (transcript) in the replay.
+    pub worker: usize,
+    /// The session as the transcript names it.
+    pub session: String,
+    /// 1-based index of the latest tool call of the transcript so far (`None` before any call).
+    pub call: Option<usize>,
+    /// 1-based assistant message of the event.
+    pub turn: u64,
+    /// 1-based event of the transcript.
+    pub event: usize,
+    pub line: Line,
+    /// `call`, `result`, `text`, `user` or `reset`.
+    pub kind: &'static str,
+    /// The tool of the call (or of the call a result answers); `text`/`user` for those events.
+    pub tool: Option<String>,
+    pub action: Action,
+    pub detector: Option<String>,
+    pub rule: Option<String>,
+    pub count: u32,
+    pub message: String,
+    /// The calls that make up the loop, as transcript call indexes.
+    pub calls: Vec<usize>,
+    /// The call where the loop started, as a transcript call index.
+    pub loop_start: Option<usize>,
+}
+
+impl Intervention {
+    /// The intervention as one `simulate --json` record.
+    pub fn record(&self, file: &Path) -> Value {
+        json!({
+            "file": file.display().to_string(),
+            "session": self.session,
+            "call": self.call,
+            "turn": self.turn,
+            "event": self.event,
+            "line": self.line,
+            "kind": self.kind,
+            "tool": self.tool,
+            "action": self.action.as_str(),
+            "detector": self.detector,
+            "rule": self.rule,
+            "count": self.count,
+            "message": self.message,
+            "calls": self.calls,
+            "loop_start": self.loop_start.map(|c| json!({"call": c})).unwrap_or(Value::Null),
+        })
+    }
+}
+
+/// What a replay reports to its sink as it goes, beside the interventions it returns.
+pub(crate) enum Step<'r> {
+    /// A tool call was replayed; `call` is its index in its transcript.
+    Call {
+        worker: usize,
+        call: usize,
+        item: &'r Item,
+    },
+    /// The result of a blocked call was not replayed.
+    BlockedResult {
+        worker: usize,
+        item: &'r Item,
+        id: &'r str,
+    },
+    /// A plugin note attached to a verdict.
+    Note {
+        worker: usize,
+        item: &'r Item,
+        event: usize,
+        note: &'r Note,
+    },
+    Intervention(&'r Intervention),
+    /// After the replay: a session that was terminated, and how many of its events were skipped.
+    Terminated {
+        worker: usize,
+        session: &'r str,
+        skipped: usize,
+    },
+}
+
 /// Per-session bookkeeping of the replay.
 #[derive(Default)]
 struct SessionState {
@@ -344,16 +561,21 @@ struct SessionState {
     skipped: usize,
 }
 
-/// Replays transcripts through one engine: one transcript, or with `group` the workers of a
-/// swarm (each worker's sessions join the group). Returns how many interventions it produced.
-fn replay(workers: &[Worker<'_>], group: Option<&str>, engine: &Engine, opts: &Options) -> usize {
+/// Replays transcripts through one engine like a host that obeys every verdict: one transcript,
+/// or with `group` the workers of a swarm (each worker's sessions join the group). Returns the
+/// interventions in order; everything else of the timeline goes to `sink`.
+pub(crate) fn replay(
+    workers: &[Worker<'_>],
+    group: Option<&str>,
+    engine: &Engine,
+    sink: &mut dyn FnMut(Step<'_>),
+) -> Vec<Intervention> {
     let mut sessions: HashMap<(usize, &str), SessionState> = HashMap::new();
     let mut tools_by_id: HashMap<(usize, &str, &str), &str> = HashMap::new();
     // Per transcript: call numbers count the calls of their own file.
     let mut call_counts = vec![0usize; workers.len()];
-    let mut interventions = 0usize;
+    let mut interventions = Vec::new();
     let background = engine.has_background_plugins();
-    let width = workers.iter().map(|w| w.name.len()).max().unwrap_or(0);
     for (w, k) in merged(workers) {
         let (Some(worker), Some(item), Some(call_index)) = (
             workers.get(w),
@@ -362,7 +584,6 @@ fn replay(workers: &[Worker<'_>], group: Option<&str>, engine: &Engine, opts: &O
         ) else {
             continue;
         };
-        let file = worker.file;
         let event_no = k + 1;
         // Work a plugin started in the background (a model consulted about the previous event)
         // finishes before the next event, so a replay gives the same verdicts every time.
@@ -391,210 +612,236 @@ fn replay(workers: &[Worker<'_>], group: Option<&str>, engine: &Engine, opts: &O
             state.skipped += 1;
             continue;
         }
-        // Who did it, in a group replay's timeline.
-        let who = match group {
-            Some(_) => format!("{:<width$}  ", worker.name),
-            None => String::new(),
-        };
-        let whose = match group {
-            Some(_) => format!("{}, ", worker.name),
-            None => String::new(),
-        };
-        let time_ms = item.time_ms;
-        let (verdict, tool): (Verdict, Option<&str>) = match &item.kind {
-            Kind::Call {
-                id,
-                tool,
-                arguments,
-            } => {
+        let tool: Option<&str> = match &item.kind {
+            Kind::Call { id, tool, .. } => {
                 *call_index += 1;
                 state.calls.push(*call_index);
                 tools_by_id.insert((w, item.session.as_str(), id.as_str()), tool.as_str());
-                let arguments = match arguments {
-                    Args::Json(v) => Arguments::Json(v),
-                    Args::Raw(s) => Arguments::Raw(s),
-                };
-                let v = engine.observe(&Event::Call(Call {
-                    session,
-                    call_id: id,
-                    tool,
-                    arguments,
-                    time_ms,
-                }));
-                if !opts.json && !opts.quiet {
-                    emit(&format!(
-                        "  {who}call {:>3}  turn {:>3}  line {:>4}  {tool} {}\n",
-                        *call_index,
-                        item.turn,
-                        item.line,
-                        arguments_summary(item)
-                    ));
-                }
-                if v.action >= Action::Block {
-                    state.blocked.insert(id.clone());
-                }
-                (v, Some(tool.as_str()))
+                sink(Step::Call {
+                    worker: w,
+                    call: *call_index,
+                    item,
+                });
+                Some(tool.as_str())
             }
-            Kind::Result {
-                id,
-                output,
-                error,
-                exit_code,
-            } => {
+            Kind::Result { id, .. } => {
                 if state.blocked.contains(id) {
-                    if !opts.json && !opts.quiet {
-                        emit(&format!(
-                            "  {who}           line {:>4}  result of blocked call `{id}` not replayed: the host did not run it\n",
-                            item.line
-                        ));
-                    }
+                    sink(Step::BlockedResult {
+                        worker: w,
+                        item,
+                        id,
+                    });
                     continue;
                 }
-                let v = engine.observe(&Event::Result(ToolResult {
-                    session,
-                    call_id: id,
-                    output,
-                    is_error: *error,
-                    exit_code: *exit_code,
-                    time_ms,
-                }));
-                (
-                    v,
-                    tools_by_id
-                        .get(&(w, item.session.as_str(), id.as_str()))
-                        .copied(),
-                )
+                tools_by_id
+                    .get(&(w, item.session.as_str(), id.as_str()))
+                    .copied()
             }
-            Kind::Text {
-                text,
-                chunk,
-                end,
-                reasoning,
-            } => (
-                engine.observe(&Event::Text(Text {
-                    session,
-                    text,
-                    chunk: *chunk,
-                    end_of_turn: *end,
-                    reasoning: *reasoning,
-                    time_ms,
-                })),
-                Some("text"),
-            ),
-            Kind::User { text, injected } => (
-                engine.observe(&Event::User(UserMessage {
-                    session,
-                    text,
-                    injected: *injected,
-                    time_ms,
-                })),
-                Some("user"),
-            ),
+            Kind::Text { .. } => Some("text"),
+            Kind::User { .. } => Some("user"),
             Kind::Reset => {
                 state.calls.clear();
                 state.blocked.clear();
-                (engine.observe(&Event::Reset { session, time_ms }), None)
+                None
             }
         };
-        let in_group = |mut record: Value| {
-            if let (Some(g), Value::Object(fields)) = (group, &mut record) {
-                fields.insert("group".to_owned(), json!(g));
-                fields.insert("worker".to_owned(), json!(worker.name));
-            }
-            record
-        };
+        let verdict = engine.observe(&engine_event(&item.kind, session, item.time_ms));
+        if let Kind::Call { id, .. } = &item.kind
+            && verdict.action >= Action::Block
+        {
+            state.blocked.insert(id.clone());
+        }
         for note in &verdict.notes {
-            if opts.json {
-                let record = in_group(json!({
-                    "file": file.display().to_string(),
-                    "session": item.session,
-                    "event": event_no,
-                    "line": item.line,
-                    "kind": item.kind.name(),
-                    "note": note.code,
-                    "plugin": note.plugin,
-                    "message": note.message,
-                }));
-                emit(&format!("{record}\n"));
-            } else {
-                emit(&format!(
-                    "      ⚠ {}: {}  ({whose}event {event_no}, line {})\n",
-                    note.code, note.message, item.line
-                ));
-            }
+            sink(Step::Note {
+                worker: w,
+                item,
+                event: event_no,
+                note,
+            });
         }
         if verdict.is_allow() {
             continue;
         }
-        interventions += 1;
         let global = |seq: u64| -> Option<usize> {
             usize::try_from(seq)
                 .ok()
                 .and_then(|s| s.checked_sub(1))
                 .and_then(|i| state.calls.get(i).copied())
         };
-        let loop_start = verdict.loop_start.as_ref().and_then(|c| global(c.seq));
-        let involved: Vec<usize> = verdict.calls.iter().filter_map(|c| global(c.seq)).collect();
-        let latest_call = (*call_index > 0).then_some(*call_index);
-        if opts.json {
-            let record = in_group(json!({
-                "file": file.display().to_string(),
-                "session": item.session,
-                "call": latest_call,
-                "turn": item.turn,
-                "event": event_no,
-                "line": item.line,
-                "kind": item.kind.name(),
-                "tool": tool,
-                "action": verdict.action.as_str(),
-                "detector": verdict.detector.as_deref(),
-                "rule": verdict.rule.as_deref(),
-                "count": verdict.count,
-                "message": verdict.message,
-                "calls": involved,
-                "loop_start": loop_start.map(|c| json!({"call": c})).unwrap_or(Value::Null),
-            }));
-            emit(&format!("{record}\n"));
-        } else {
-            emit(&format!(
-                "      {} {}  {} ×{}  {}  ({whose}event {event_no}, line {}{})\n",
-                marker(verdict.action),
-                verdict.action.as_str().to_uppercase(),
-                verdict.detector.as_deref().unwrap_or("?"),
-                verdict.count,
-                verdict.rule.as_deref().unwrap_or(""),
-                item.line,
-                if matches!(item.kind, Kind::Call { .. }) {
-                    String::new()
-                } else {
-                    format!(", on a {} event", item.kind.name())
-                }
-            ));
-            emit(&format!("        {}\n", shorten(&verdict.message, 300)));
-            if let Some(start) = loop_start {
-                emit(&format!("        loop started at call {start}\n"));
-            }
-        }
-        if verdict.action == Action::Terminate {
+        let intervention = Intervention {
+            worker: w,
+            session: item.session.clone(),
+            call: (*call_index > 0).then_some(*call_index),
+            turn: item.turn,
+            event: event_no,
+            line: item.line,
+            kind: item.kind.name(),
+            tool: tool.map(str::to_owned),
+            action: verdict.action,
+            detector: verdict.detector.as_deref().map(str::to_owned),
+            rule: verdict.rule.clone(),
+            count: verdict.count,
+            calls: verdict.calls.iter().filter_map(|c| global(c.seq)).collect(),
+            loop_start: verdict.loop_start.as_ref().and_then(|c| global(c.seq)),
+            message: verdict.message,
+        };
+        if intervention.action == Action::Terminate {
             state.terminated = true;
         }
+        sink(Step::Intervention(&intervention));
+        interventions.push(intervention);
     }
-    if !opts.json {
-        for ((w, session), state) in &sessions {
-            if state.terminated {
-                let whose = match (group, workers.get(*w)) {
-                    (Some(_), Some(worker)) => format!("worker `{}`: ", worker.name),
-                    _ => String::new(),
-                };
-                emit(&format!(
-                    "  {whose}session `{session}` terminated; its {} later event{} not replayed\n",
-                    state.skipped,
-                    if state.skipped == 1 { " was" } else { "s were" }
-                ));
-            }
+    for ((w, session), state) in &sessions {
+        if state.terminated {
+            sink(Step::Terminated {
+                worker: *w,
+                session,
+                skipped: state.skipped,
+            });
         }
     }
     interventions
+}
+
+/// Prints a replay's timeline as `simulate` shows it: human-readable, or JSON Lines.
+struct Printer<'p, 'a> {
+    workers: &'p [Worker<'a>],
+    group: Option<&'p str>,
+    opts: &'p Options,
+}
+
+impl Printer<'_, '_> {
+    fn print(&self, step: &Step<'_>) {
+        let opts = self.opts;
+        let worker = |w: usize| self.workers.get(w);
+        let name = |w: usize| worker(w).map_or("", |x| x.name.as_str());
+        let file = |w: usize| {
+            worker(w)
+                .map(|x| x.file.display().to_string())
+                .unwrap_or_default()
+        };
+        // Who did it, in a group replay's timeline.
+        let width = self.workers.iter().map(|w| w.name.len()).max().unwrap_or(0);
+        let who = |w: usize| match self.group {
+            Some(_) => format!("{:<width$}  ", name(w)),
+            None => String::new(),
+        };
+        let whose = |w: usize| match self.group {
+            Some(_) => format!("{}, ", name(w)),
+            None => String::new(),
+        };
+        let in_group = |w: usize, mut record: Value| {
+            if let (Some(g), Value::Object(fields)) = (self.group, &mut record) {
+                fields.insert("group".to_owned(), json!(g));
+                fields.insert("worker".to_owned(), json!(name(w)));
+            }
+            record
+        };
+        match step {
+            Step::Call { worker, call, item } => {
+                if !opts.json && !opts.quiet {
+                    emit(&format!(
+                        "  {}call {:>3}  turn {:>3}  line {:>4}  {} {}\n",
+                        who(*worker),
+                        call,
+                        item.turn,
+                        item.line,
+                        match &item.kind {
+                            Kind::Call { tool, .. } => tool.as_str(),
+                            _ => "",
+                        },
+                        arguments_summary(item)
+                    ));
+                }
+            }
+            Step::BlockedResult { worker, item, id } => {
+                if !opts.json && !opts.quiet {
+                    emit(&format!(
+                        "  {}           line {:>4}  result of blocked call `{id}` not replayed: the host did not run it\n",
+                        who(*worker),
+                        item.line
+                    ));
+                }
+            }
+            Step::Note {
+                worker,
+                item,
+                event,
+                note,
+            } => {
+                if opts.json {
+                    let record = in_group(
+                        *worker,
+                        json!({
+                            "file": file(*worker),
+                            "session": item.session,
+                            "event": event,
+                            "line": item.line,
+                            "kind": item.kind.name(),
+                            "note": note.code,
+                            "plugin": note.plugin,
+                            "message": note.message,
+                        }),
+                    );
+                    emit(&format!("{record}\n"));
+                } else {
+                    emit(&format!(
+                        "      ⚠ {}: {}  ({}event {event}, line {})\n",
+                        note.code,
+                        note.message,
+                        whose(*worker),
+                        item.line
+                    ));
+                }
+            }
+            Step::Intervention(i) => {
+                if opts.json {
+                    let record = in_group(
+                        i.worker,
+                        i.record(worker(i.worker).map_or(Path::new(""), |x| x.file)),
+                    );
+                    emit(&format!("{record}\n"));
+                } else {
+                    emit(&format!(
+                        "      {} {}  {} ×{}  {}  ({}event {}, line {}{})\n",
+                        marker(i.action),
+                        i.action.as_str().to_uppercase(),
+                        i.detector.as_deref().unwrap_or("?"),
+                        i.count,
+                        i.rule.as_deref().unwrap_or(""),
+                        whose(i.worker),
+                        i.event,
+                        i.line,
+                        if i.kind == "call" {
+                            String::new()
+                        } else {
+                            format!(", on a {} event", i.kind)
+                        }
+                    ));
+                    emit(&format!("        {}\n", shorten(&i.message, 300)));
+                    if let Some(start) = i.loop_start {
+                        emit(&format!("        loop started at call {start}\n"));
+                    }
+                }
+            }
+            Step::Terminated {
+                worker,
+                session,
+                skipped,
+            } => {
+                if !opts.json {
+                    let whose = match self.group {
+                        Some(_) => format!("worker `{}`: ", name(*worker)),
+                        None => String::new(),
+                    };
+                    emit(&format!(
+                        "  {whose}session `{session}` terminated; its {skipped} later event{} not replayed\n",
+                        if *skipped == 1 { " was" } else { "s were" }
+                    ));
+                }
+            }
+        }
+    }
 }
 
 fn arguments_summary(item: &Item) -> String {

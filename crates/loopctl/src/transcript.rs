@@ -98,6 +98,8 @@ pub enum Kind {
         chunk: bool,
         end: bool,
         reasoning: bool,
+        /// The text accompanies tool calls of the same assistant message.
+        narration: bool,
     },
     User {
         text: String,
@@ -234,7 +236,7 @@ fn line_of(text: &str, part: &str) -> Line {
 const EVENT_KEYS: &[(&str, &[&str])] = &[
     ("call", &["id", "tool", "arguments"]),
     ("result", &["id", "output", "error", "exit_code"]),
-    ("text", &["text", "chunk", "end", "reasoning"]),
+    ("text", &["text", "chunk", "end", "reasoning", "narration"]),
     ("user", &["text", "injected"]),
     ("reset", &[]),
 ];
@@ -316,6 +318,7 @@ fn events(text: &str) -> Result<Transcript, BadInput> {
                 chunk: field.boolean("chunk")?.unwrap_or(false),
                 end: field.boolean("end")?.unwrap_or(false),
                 reasoning: field.boolean("reasoning")?.unwrap_or(false),
+                narration: field.boolean("narration")?.unwrap_or(false),
             },
             "user" => Kind::User {
                 text: field.string("text")?.unwrap_or_default(),
@@ -525,6 +528,7 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                 if let Some(fc) = obj.get("function_call").filter(|v| !v.is_null()) {
                     calls.push(legacy_function_call(fc, line)?);
                 }
+                let reasoned = reasoning.iter().any(|r| !r.trim().is_empty());
                 for r in reasoning.into_iter().filter(|r| !r.trim().is_empty()) {
                     push(
                         Kind::Text {
@@ -532,19 +536,22 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                             chunk: false,
                             end: false,
                             reasoning: true,
+                            narration: false,
                         },
                         turn,
                         &mut items,
                     );
                 }
                 let text = texts.join("\n");
-                if calls.is_empty() || !text.trim().is_empty() {
+                // A turn of reasoning alone is not an empty turn: it says nothing yet.
+                if (calls.is_empty() && !reasoned) || !text.trim().is_empty() {
                     push(
                         Kind::Text {
                             text,
                             chunk: false,
                             end: false,
                             reasoning: false,
+                            narration: !calls.is_empty(),
                         },
                         turn,
                         &mut items,
@@ -606,6 +613,7 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                     &mut Vec::new(),
                     Some(&mut results),
                 )?;
+                let had_results = !results.is_empty();
                 for (id, output, error) in results {
                     push(
                         Kind::Result {
@@ -620,14 +628,10 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                 }
                 let text = texts.join("\n");
                 if !text.trim().is_empty() {
-                    push(
-                        Kind::User {
-                            text,
-                            injected: false,
-                        },
-                        turn,
-                        &mut items,
-                    );
+                    // Text beside tool results is the host's (a reminder, an observation), not
+                    // a person's.
+                    let injected = had_results;
+                    push(Kind::User { text, injected }, turn, &mut items);
                 }
             }
             other => {
@@ -833,11 +837,12 @@ pub fn event_schema() -> Value {
                 "text": {"type": "string"},
                 "chunk": {"type": "boolean", "description": "A streamed chunk of a turn."},
                 "end": {"type": "boolean", "description": "This chunk ends its turn."},
-                "reasoning": {"type": "boolean", "description": "Reasoning (thinking) text."}
+                "reasoning": {"type": "boolean", "description": "Reasoning (thinking) text."},
+                "narration": {"type": "boolean", "description": "The text accompanies tool calls of the same assistant message."}
             }), &[]),
             variant("user", "A message from a person, or a note the host injected.", serde_json::json!({
                 "text": {"type": "string"},
-                "injected": {"type": "boolean", "description": "The host injected it (a nudge); it never resets counts."}
+                "injected": {"type": "boolean", "description": "The host or framework sent it (a nudge, a \"continue\" prompt, an observation), not a person; it changes no count."}
             }), &[]),
             variant("reset", "Forget everything about the session.", serde_json::json!({}), &[])
         ]

@@ -544,6 +544,7 @@ impl Judge for TurnJudge {
                 chunk: false,
                 end_of_turn: true,
                 reasoning: false,
+                narration: !calls.is_empty(),
                 time_ms: now,
             }));
             if !v.is_allow() {

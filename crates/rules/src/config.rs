@@ -96,6 +96,8 @@ pub struct Cycle {
     pub min_period: u32,
     pub max_period: u32,
     pub repetitions: u32,
+    /// Flag only once the first call of the next turn arrives.
+    pub confirm: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -183,6 +185,8 @@ pub struct Category {
     pub matchers: Vec<GlobMatcher>,
     pub detectors: Detectors,
     pub ladder: Option<String>,
+    /// A successful call of these tools is progress for the calls around it.
+    pub modifies: bool,
 }
 
 impl Category {
@@ -230,6 +234,8 @@ pub struct Results {
     pub mask: Vec<String>,
     pub patterns: Vec<MaskPattern>,
     pub empty_patterns: Vec<Regex>,
+    /// Results without an error flag or exit code that still mean a failure.
+    pub error_patterns: Vec<Regex>,
     pub retryable_patterns: Vec<Regex>,
     pub max_bytes: usize,
 }
@@ -239,6 +245,10 @@ pub struct Results {
 pub struct User {
     pub repeat_requests: Vec<Regex>,
     pub repeat_allowance: u32,
+    /// Messages asking to retry: the counts restart for good.
+    pub retry_requests: Vec<Regex>,
+    /// User-role messages a host or framework sent, not a person: they change no count.
+    pub automated_patterns: Vec<Regex>,
 }
 
 #[derive(Clone, Debug)]
@@ -449,6 +459,7 @@ impl Detectors {
                 min_period: u(&cy, "min_period"),
                 max_period: u(&cy, "max_period"),
                 repetitions: u(&cy, "repetitions"),
+                confirm: b(&cy, "confirm"),
             },
             interleaved: Interleaved {
                 enabled: b(&il, "enabled"),
@@ -548,6 +559,7 @@ impl Config {
                     matchers: globs(v, "tools"),
                     detectors: Detectors::from_node(&merged),
                     ladder: s(v, "ladder"),
+                    modifies: b(v, "modifies"),
                 })
             })
             .collect();
@@ -590,6 +602,8 @@ impl Config {
             user: User {
                 repeat_requests: regexes(user, "repeat_requests"),
                 repeat_allowance: u(user, "repeat_allowance"),
+                retry_requests: regexes(user, "retry_requests"),
+                automated_patterns: regexes(user, "automated_patterns"),
             },
             ladder: s(section(root, "escalation", &none), "ladder")
                 .unwrap_or_else(|| "default".into()),
@@ -621,6 +635,7 @@ impl Config {
                 mask: strs(results, "mask"),
                 patterns,
                 empty_patterns: regexes(results, "empty_patterns"),
+                error_patterns: regexes(results, "error_patterns"),
                 retryable_patterns: regexes(results, "retryable_patterns"),
                 max_bytes: u(results, "max_bytes") as usize,
             },

@@ -123,6 +123,7 @@ pub const MASKERS: &[&str] = &[
     "durations",
     "counters",
     "temp_paths",
+    "ids",
 ];
 
 const BOOL: Kind = Kind::Bool;
@@ -212,6 +213,12 @@ detector!(
             Some("2"),
             "how many full turns of the cycle are flagged"
         ),
+        f(
+            "confirm",
+            BOOL,
+            Some("true"),
+            "wait for the first call of the next turn before flagging (A→B→A→B→A), so that a pair of steps done twice is not yet a loop; `false` flags at the end of the last full turn"
+        ),
     ]
 );
 detector!(
@@ -273,7 +280,7 @@ detector!(
             "threshold",
             COUNT,
             Some("5"),
-            "the Nth consecutive failing test run is flagged"
+            "the Nth consecutive test run failing the same way (the same error signature) is flagged"
         ),
         f(
             "test_commands",
@@ -487,6 +494,12 @@ const CATEGORY: &[Field] = &[
         None,
         "ladder for these tools (default: `escalation.ladder`)",
     ),
+    f(
+        "modifies",
+        BOOL,
+        Some("false"),
+        "these tools change the world (writes, edits): a successful call of one of them between two identical calls of another tool is progress and restarts that call's count (re-running tests after an edit)",
+    ),
 ];
 
 const TOOL_KEYS: &[Field] = &[
@@ -536,9 +549,9 @@ const FINGERPRINT: &[Field] = &[
         "primary_keys",
         STRS,
         Some(
-            "[path, file_path, filepath, file, filename, command, cmd, pattern, query, q, url, uri, content, offset, limit, line, start_line, end_line]",
+            "[path, file_path, filepath, absolute_path, file, filename, command, cmd, pattern, query, q, sql, url, uri, content, offset, limit, line, start_line, end_line, old_string, old_str, old_text, insert_line, patch, input, action, selector, coordinate]",
         ),
-        "argument keys that identify a call for the fuzzy fingerprint",
+        "argument keys that identify a call for the fuzzy fingerprint (an edit is identified by its file and by what it replaces)",
     ),
     f(
         "volatile_keys",
@@ -617,8 +630,8 @@ const RESULTS: &[Field] = &[
     f(
         "mask",
         Kind::List(&Kind::Enum(MASKERS)),
-        Some("[ansi, timestamps, uuids, hex_ids, pids, durations, counters, temp_paths]"),
-        "built-in maskers applied before results are compared",
+        Some("[ansi, timestamps, uuids, hex_ids, pids, durations, counters, temp_paths, ids]"),
+        "built-in maskers applied before results are compared (`counters`: `attempt 3`, `#7`, `(3/10)`; `ids`: opaque tokens of 6+ letters and digits such as `msg_01H8XK2`)",
     ),
     f(
         "patterns",
@@ -633,6 +646,14 @@ const RESULTS: &[Field] = &[
             r#"['^\s*$', '^\s*(\[\s*\]|\{\s*\}|null|none)\s*$', '(?i)^\s*(no (matches|results|files|entries)( found)?|0 (matches|results)|nothing found|not found)\.?\s*$']"#,
         ),
         "regexes (on the masked result) that mean an empty result",
+    ),
+    f(
+        "error_patterns",
+        REGEXES,
+        Some(
+            r#"['(?i)^[^\n0-9]{0,120}?\b(error|fatal|exception|traceback|panic|panicked|failed|failure)\b', '(?i)^[^\n]{0,200}?\b(command not found|no such file or directory|permission denied|not recognized as|does not exist|no such (function|method|tool|endpoint|table|column|command)|unknown (command|function|tool|method|endpoint))\b', '(?i)\b(exit(ed)?( with)? (code|status)|exit_code|exitcode|returncode)"?\s*[:=]?\s*[1-9]', '(?i)^\W{0,3}"?(status|status_?code|http_?status)"?\s*[:=]\s*"?[45]\d\d\b', '(?i)^\s*HTTP/[0-9.]+ [45]\d\d\b']"#,
+        ),
+        "regexes on the start of a result (its first 512 bytes, masked) that mean the call failed, for results that carry no error flag or exit code (chat transcripts, the proxy)",
     ),
     f(
         "retryable_patterns",
@@ -683,7 +704,7 @@ const USER: &[Field] = &[
         "repeat_requests",
         REGEXES,
         Some(
-            r#"['(?i)\b(\d{1,3}|twice|thrice|two|three|four|five|six|seven|eight|nine|ten|several|multiple) times\b', '(?i)\b(repeatedly|again and again|over and over|keep (running|checking|polling|trying|retrying)|every \d+ ?(s|sec|secs|seconds|m|min|minutes)|in a loop|until it (passes|succeeds|finishes|completes))\b']"#,
+            r#"['(?i)\b(\d{1,3}|twice|thrice|two|three|four|five|six|seven|eight|nine|ten|several|multiple)( more)? times\b', '(?i)\b(repeatedly|again and again|over and over|keep (running|checking|polling|trying|retrying)|every \d+ ?(s|sec|secs|seconds|m|min|minutes)|in a loop|until it (passes|succeeds|finishes|completes))\b']"#,
         ),
         "regexes on a user message that mean the user asks for repeated actions",
     ),
@@ -692,6 +713,22 @@ const USER: &[Field] = &[
         int(0, 10_000),
         Some("10"),
         "extra repeats tolerated after such a request when it names no number (a number N allows N)",
+    ),
+    f(
+        "retry_requests",
+        REGEXES,
+        Some(
+            r#"['(?i)\b(again|once more|one more time|another (try|attempt|look|go)|last try)\b', '(?i)\b(retry|re-?run|re-?try|re-?check|re-?test)\b']"#,
+        ),
+        "regexes on a user message that ask the agent to retry: counts restart for good after such a message",
+    ),
+    f(
+        "automated_patterns",
+        REGEXES,
+        Some(
+            r#"['(?i)^\W*(please\s+)?(continue|proceed|go on|keep going|carry on)(\s+(working|with the task|on the task))?\W*$', '(?i)^\W*(please\s+)?continue working on the task\b', '(?i)\byou (did not|didn''t|have not|haven''t|must|should) (call|use|invoke) (a|any) (tool|function)', '(?i)^\W*(please\s+)?use (a|the) (tool|tools|function)', '(?s)^\s*<(system-reminder|system_reminder|environment_details)>.*</(system-reminder|system_reminder|environment_details)>\s*$', '(?i)^\s*(observation|tool (output|result|response)|function (output|result))\s*:', '(?i)^\s*\[?(automated|auto-generated|system) (message|reminder|notice)\b', '(?i)^\s*background task (completed|finished|done)\W*$', '(?i)^\W*your (output|response) was not formatted correctly']"#,
+        ),
+        "regexes on a user-role message that mean the host or framework sent it, not a person (a \"continue\" prompt, an observation, a reminder): such a message changes no count",
     ),
 ];
 

@@ -7,7 +7,7 @@
 use loopguard_rules::Detectors;
 use loopguard_rules::config::{Cycle, ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
 
-use super::{Det, Detection, Involved, Record, Window, flag};
+use super::{Det, Detection, Involved, Record, Window, flag, needed};
 
 /// Counts the current call plus earlier matching calls. Retried calls after a retryable error
 /// are skipped; with `reset`, a repeat whose result differs from the next one ends the count.
@@ -18,11 +18,15 @@ fn repeat_count(
     reset: bool,
     fuzzy: bool,
 ) -> Option<(u32, usize)> {
-    w.get(0)?;
+    let cur = w.get(0)?;
     let mut count = 1u32;
     let mut start = 0usize;
     let mut newer: Option<&Record> = None;
     for (k, r) in w.iter().enumerate().skip(1) {
+        // A successful modification since the older repeats is progress.
+        if r.progress() && r.exact != cur.exact {
+            break;
+        }
         if !same(r) {
             if consecutive {
                 break;
@@ -35,7 +39,7 @@ fn repeat_count(
         if reset && r.real_result() {
             if let Some(n) = newer
                 && (!fuzzy || n.exact == r.exact)
-                && n.digest != r.digest
+                && !n.same_outcome_as(r)
             {
                 break;
             }
@@ -59,7 +63,7 @@ pub fn exact_repeat(w: &Window<'_>, p: &ExactRepeat, allowance: u32) -> Option<D
         p.reset_on_changed_result,
         false,
     )?;
-    (count >= p.threshold.saturating_add(allowance)).then(|| Detection {
+    (count >= needed(p.threshold, allowance, count, start + 1)).then(|| Detection {
         tool: Some(cur.tool),
         involved: Involved::Exact(cur.exact),
         start_seq: w.seq(start),
@@ -79,7 +83,7 @@ pub fn fuzzy_repeat(w: &Window<'_>, p: &FuzzyRepeat, allowance: u32) -> Option<D
         p.reset_on_changed_result,
         true,
     )?;
-    (count >= p.threshold.saturating_add(allowance)).then(|| Detection {
+    (count >= needed(p.threshold, allowance, count, start + 1)).then(|| Detection {
         tool: Some(cur.tool),
         involved: Involved::Fuzzy(cur.fuzzy),
         start_seq: w.seq(start),
@@ -87,9 +91,10 @@ pub fn fuzzy_repeat(w: &Window<'_>, p: &FuzzyRepeat, allowance: u32) -> Option<D
     })
 }
 
-/// Two positions one period apart continue a cycle: same call, and same result where both known.
+/// Two positions one period apart continue a cycle: same call, and no progress in its result
+/// where both are known.
 fn same_step(a: &Record, b: &Record) -> bool {
-    let changed = a.real_result() && b.real_result() && a.digest != b.digest;
+    let changed = a.real_result() && b.real_result() && !a.same_outcome_as(b);
     a.exact == b.exact && !a.has(flag::WAIT) && !b.has(flag::WAIT) && !changed
 }
 
@@ -101,7 +106,8 @@ pub fn cycle(w: &Window<'_>, p: &Cycle, allowance: u32) -> Option<Detection> {
     let reps = p.repetitions.saturating_add(allowance) as usize;
     for period in p.min_period.max(2)..=p.max_period {
         let per = period as usize;
-        let need = per.saturating_mul(reps);
+        // With `confirm`, the first call of the next turn too.
+        let need = per.saturating_mul(reps) + usize::from(p.confirm);
         if need > w.len() {
             break;
         }
@@ -140,6 +146,85 @@ pub fn cycle(w: &Window<'_>, p: &Cycle, allowance: u32) -> Option<Detection> {
     None
 }
 
+/// What a step of a failing cycle is: a failure of a tool with its error signature, or a call
+/// that did not fail.
+fn outcome_id(r: &Record) -> u64 {
+    if r.failed() {
+        crate::hash::combine(u64::from(r.tool), u64::from(r.digest))
+    } else {
+        r.exact
+    }
+}
+
+/// The cycle detector on a result: a cycle whose steps fail the same way while their arguments
+/// vary a little (`npm ci` fails, `npm run build` fails, `npm ci --no-audit` fails, …). `k` is
+/// the position of the call whose result arrived; cycles of identical calls are left to
+/// [`cycle`], which sees them when the call arrives.
+pub fn failing_cycle(w: &Window<'_>, k: usize, p: &Cycle, allowance: u32) -> Option<Detection> {
+    let cur = w.get(k)?;
+    if !p.enabled || !cur.failed() || p.repetitions == 0 {
+        return None;
+    }
+    let reps = p.repetitions.saturating_add(allowance) as usize;
+    let same = |a: &Record, b: &Record| {
+        !a.has(flag::WAIT)
+            && !b.has(flag::WAIT)
+            && a.real_result()
+            && b.real_result()
+            && if a.exact == b.exact {
+                a.same_outcome_as(b)
+            } else {
+                a.tool == b.tool && a.failed() && b.failed() && a.digest == b.digest
+            }
+    };
+    for period in p.min_period.max(2)..=p.max_period {
+        let per = period as usize;
+        let need = per.saturating_mul(reps) + usize::from(p.confirm);
+        if k + need > w.len() {
+            break;
+        }
+        let step = |i: usize| match (w.get(k + i), w.get(k + i + per)) {
+            (Some(a), Some(b)) => same(a, b),
+            _ => false,
+        };
+        if !step(0) {
+            continue;
+        }
+        let id = outcome_id(cur);
+        if !(1..per).any(|i| w.get(k + i).is_some_and(|r| outcome_id(r) != id)) {
+            continue;
+        }
+        if !(1..need - per).all(step) {
+            continue;
+        }
+        // Identical calls all along are `cycle`'s.
+        let varied = (0..need - per).any(|i| match (w.get(k + i), w.get(k + i + per)) {
+            (Some(a), Some(b)) => a.exact != b.exact,
+            _ => false,
+        });
+        if !varied {
+            continue;
+        }
+        let mut run = need;
+        while k + run < w.len() && step(run - per) {
+            run += 1;
+        }
+        let mut signature = period as u64 ^ 0xfa11;
+        for i in 0..per {
+            if let Some(r) = w.get(k + i) {
+                signature = signature.wrapping_add(crate::hash::fmix(outcome_id(r)));
+            }
+        }
+        return Some(Detection {
+            tool: Some(cur.tool),
+            involved: Involved::All,
+            start_seq: w.seq(k + run - 1),
+            ..Detection::new(Det::Cycle, signature, (run / per) as u32, p.repetitions)
+        });
+    }
+    None
+}
+
 pub fn interleaved(w: &Window<'_>, p: &Interleaved, allowance: u32) -> Option<Detection> {
     let cur = w.get(0)?;
     if !p.enabled || cur.has(flag::WAIT) {
@@ -151,6 +236,9 @@ pub fn interleaved(w: &Window<'_>, p: &Interleaved, allowance: u32) -> Option<De
     let mut gap = false;
     let mut last = 0usize;
     for (k, r) in w.iter().enumerate().skip(1) {
+        if r.progress() && r.exact != cur.exact {
+            break;
+        }
         if r.exact != cur.exact || (r.has(flag::RESULT) && r.has(flag::RETRYABLE)) {
             continue;
         }
@@ -233,8 +321,8 @@ struct Repeat {
     on: bool,
     count: u32,
     start: usize,
-    /// The exact key and digest of the newest counted call with a real result.
-    newer: Option<(u64, u32)>,
+    /// The newest counted call with a real result.
+    newer: Option<Record>,
 }
 
 impl Repeat {
@@ -266,14 +354,14 @@ impl Repeat {
             return;
         }
         if reset && r.real_result() {
-            if let Some((exact, digest)) = self.newer
-                && (!fuzzy || exact == r.exact)
-                && digest != r.digest
+            if let Some(n) = self.newer
+                && (!fuzzy || n.exact == r.exact)
+                && !n.same_outcome_as(r)
             {
                 self.on = false;
                 return;
             }
-            self.newer = Some((r.exact, r.digest));
+            self.newer = Some(*r);
         }
         self.count += 1;
         self.start = k;
@@ -353,6 +441,20 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
         let Some(r) = w.get(k) else {
             break;
         };
+        // A successful modification since the older repeats is progress.
+        if r.progress() && r.exact != cur.exact {
+            exact.on = false;
+            fuzzy.on = false;
+            inter.on = false;
+            if !count_tool {
+                break;
+            }
+            if r.tool == cur.tool {
+                tool_count += 1;
+                tool_start = k;
+            }
+            continue;
+        }
         // Most records share nothing with the current call (the tool matters only when its
         // calls are counted).
         if r.exact != cur.exact && r.fuzzy != cur.fuzzy && (!count_tool || r.tool != cur.tool) {
@@ -391,7 +493,9 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
             ..Detection::new(det, key, count, threshold)
         };
     Scan {
-        exact: (exact_on && exact.count >= pe.threshold.saturating_add(allowance)).then(|| {
+        exact: (exact_on
+            && exact.count >= needed(pe.threshold, allowance, exact.count, exact.start + 1))
+        .then(|| {
             let e = cur.exact;
             detection(
                 Det::ExactRepeat,
@@ -402,7 +506,9 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
                 exact.start,
             )
         }),
-        fuzzy: (fuzzy_on && fuzzy.count >= pf.threshold.saturating_add(allowance)).then(|| {
+        fuzzy: (fuzzy_on
+            && fuzzy.count >= needed(pf.threshold, allowance, fuzzy.count, fuzzy.start + 1))
+        .then(|| {
             let f = cur.fuzzy;
             detection(
                 Det::FuzzyRepeat,
@@ -457,7 +563,7 @@ mod tests {
                 digest,
                 time: 0,
                 tool,
-                flags: flags & 0x1ff,
+                flags: flags & 0x7ff,
             },
         )
     }

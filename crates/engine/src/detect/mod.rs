@@ -86,6 +86,21 @@ pub mod flag {
     pub const TEST: u16 = 1 << 6;
     pub const FILE_OP: u16 = 1 << 7;
     pub const SHELL: u16 = 1 << 8;
+    /// A call of a tool that changes the world (its category `modifies`).
+    pub const MODIFY: u16 = 1 << 9;
+    /// The result differs (substantively, see [`super::Record::same_outcome_as`]) from the
+    /// previous result of the same call: the world this call looks at changed.
+    pub const CHANGED: u16 = 1 << 10;
+}
+
+/// The count a repeat needs: `threshold` (plus the user's `allowance`) for repeats back to
+/// back, one more when other calls came between them (the agent was doing other things too).
+/// `span` is how many window positions the counted repeats cover.
+pub fn needed(threshold: u32, allowance: u32, count: u32, span: usize) -> u32 {
+    let gap = span > count as usize;
+    threshold
+        .saturating_add(allowance)
+        .saturating_add(u32::from(gap))
 }
 
 /// One call in the window: 32 bytes. Its seq is implied by its position in the ring.
@@ -115,6 +130,25 @@ impl Record {
 
     pub fn failed(&self) -> bool {
         self.real_result() && self.has(flag::ERROR)
+    }
+
+    /// The result of this call shows no progress over `older`'s, a call with the same
+    /// fingerprint: the same normalized result, or a failure after a failure (one error turning
+    /// into another is not progress; a modification between them is, see [`Record::progress`]).
+    pub fn same_outcome_as(&self, older: &Record) -> bool {
+        self.digest == older.digest || (self.failed() && older.failed())
+    }
+
+    /// Evidence of progress for the calls around it: a successful call of a modifying tool, or
+    /// a call whose result changed since its previous run.
+    pub fn progress(&self) -> bool {
+        (self.has(flag::MODIFY) && self.real_result() && !self.has(flag::ERROR))
+            || (self.has(flag::CHANGED) && self.real_result())
+    }
+
+    /// The call ran and its result arrived (retryable failures included).
+    pub fn ran(&self) -> bool {
+        self.has(flag::RESULT) && !self.has(flag::BLOCKED)
     }
 }
 

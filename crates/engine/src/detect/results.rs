@@ -3,7 +3,7 @@
 
 use loopguard_rules::config::{Counted, SameOutcome, TestFix};
 
-use super::{Det, Detection, Involved, Record, Window, flag};
+use super::{Det, Detection, Involved, Record, Window, flag, needed};
 
 fn older<'a>(w: &Window<'a>, k: usize) -> impl Iterator<Item = (usize, &'a Record)> + 'a {
     let w = *w;
@@ -17,14 +17,21 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
     }
     let mut count = 1u32;
     let mut start = k;
-    for (i, o) in older(w, k).filter(|(_, o)| o.exact == r.exact && o.real_result()) {
-        if o.digest != r.digest {
+    for (i, o) in older(w, k) {
+        // A successful modification since the older run is progress.
+        if o.progress() && o.exact != r.exact {
+            break;
+        }
+        if o.exact != r.exact || !o.real_result() {
+            continue;
+        }
+        if !r.same_outcome_as(o) {
             break;
         }
         count += 1;
         start = i;
     }
-    (count >= p.threshold.saturating_add(allowance)).then(|| Detection {
+    (count >= needed(p.threshold, allowance, count, start - k + 1)).then(|| Detection {
         tool: Some(r.tool),
         involved: Involved::Exact(r.exact),
         start_seq: w.seq(start),
@@ -34,9 +41,11 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
 
 /// An error, or (with `include_empty`) an empty result of a non-shell call: shell commands
 /// that print nothing succeeded.
+///
+/// Retryable failures count here: one transient failure retried is not a loop, but different
+/// calls all failing the same way is.
 fn bad(r: &Record, include_empty: bool) -> bool {
-    r.real_result()
-        && (r.has(flag::ERROR) || (include_empty && r.has(flag::EMPTY) && !r.has(flag::SHELL)))
+    r.ran() && (r.has(flag::ERROR) || (include_empty && r.has(flag::EMPTY) && !r.has(flag::SHELL)))
 }
 
 pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detection> {
@@ -47,7 +56,7 @@ pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detecti
     let mut count = 1u32;
     let mut start = k;
     let mut distinct = false;
-    for (i, o) in older(w, k).filter(|(_, o)| o.real_result()) {
+    for (i, o) in older(w, k).filter(|(_, o)| o.ran()) {
         if !bad(o, p.include_empty) || o.digest != r.digest {
             break;
         }
@@ -97,7 +106,8 @@ pub fn test_fix(w: &Window<'_>, k: usize, p: &TestFix) -> Option<Detection> {
     let mut count = 1u32;
     let mut start = k;
     for (i, o) in older(w, k).filter(|(_, o)| o.has(flag::TEST) && o.real_result()) {
-        if !o.has(flag::ERROR) {
+        // A pass, or another failure (fewer tests failing, a new error), is progress.
+        if !o.has(flag::ERROR) || o.digest != r.digest {
             break;
         }
         count += 1;

@@ -18,6 +18,8 @@ pub struct TurnText {
     h: StreamHasher,
     chars: u32,
     space: bool,
+    /// The last byte hashed was a digit (a run of digits is hashed as one `0`).
+    digit: bool,
 }
 
 impl TurnText {
@@ -39,7 +41,7 @@ impl TurnText {
                     .position(|b| !b.is_ascii() || is_ascii_space(b))
                     .unwrap_or(rest.len());
                 let (word, tail) = rest.split_at(run);
-                out.extend_lowercase(&mut self.h, word.as_bytes());
+                self.digit = out.extend_folded(&mut self.h, word.as_bytes(), self.digit);
                 self.chars = self
                     .chars
                     .saturating_add(u32::try_from(run).unwrap_or(u32::MAX));
@@ -55,6 +57,7 @@ impl TurnText {
                 continue;
             }
             self.separate(&mut out);
+            self.digit = false;
             let mut b = [0u8; 4];
             for lc in ch.to_lowercase() {
                 for &x in lc.encode_utf8(&mut b).as_bytes() {
@@ -69,6 +72,7 @@ impl TurnText {
     /// The single space a run of whitespace between two words becomes.
     fn separate(&mut self, out: &mut Block) {
         if self.space {
+            self.digit = false;
             out.push(&mut self.h, b' ');
             self.chars = self.chars.saturating_add(1);
             self.space = false;
@@ -150,21 +154,22 @@ impl Block {
         }
     }
 
-    /// Pushes ASCII bytes, lowercased.
-    fn extend_lowercase(&mut self, h: &mut StreamHasher, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.len == self.buf.len() {
-                self.flush(h);
+    /// Pushes ASCII bytes, lowercased, each run of digits as one `0` (a counter in an
+    /// otherwise identical turn does not make it new).
+    /// `digit`: the byte before `bytes` was a digit. Returns whether the last one is.
+    fn extend_folded(&mut self, h: &mut StreamHasher, bytes: &[u8], mut digit: bool) -> bool {
+        for &b in bytes {
+            if b.is_ascii_digit() {
+                if !digit {
+                    self.push(h, b'0');
+                }
+                digit = true;
+            } else {
+                digit = false;
+                self.push(h, b.to_ascii_lowercase());
             }
-            let room = self.buf.get_mut(self.len..).unwrap_or_default();
-            let n = room.len().min(bytes.len());
-            let (now, later) = bytes.split_at(n);
-            for (o, &b) in room.iter_mut().zip(now) {
-                *o = b.to_ascii_lowercase();
-            }
-            self.len += n;
-            bytes = later;
         }
+        digit
     }
 
     fn flush(&mut self, h: &mut StreamHasher) {
@@ -187,6 +192,8 @@ pub struct Chant {
     line: String,
     scanned: usize,
     fence: bool,
+    /// Short units repeated back to back, found on the raw text outside code fences.
+    periodic: Periodic,
     para: StreamHasher,
     para_chars: usize,
     para_lines: u32,
@@ -197,6 +204,116 @@ pub struct Chant {
     counts: Counts,
     best: (u64, u32),
     fired: bool,
+}
+
+/// The longest unit [`Periodic`] looks for, in bytes.
+const MAX_PERIOD: usize = 96;
+/// The shortest stretch of text [`Periodic`] reports: a unit of a few characters repeated a
+/// handful of times is ordinary text ("ha ha ha", "1, 2, 1, 2").
+const MIN_PERIODIC_SPAN: usize = 128;
+
+/// Finds a short unit repeated back to back ("01234012340123…", "Thinking... Done. Thinking...
+/// Done. …", the same list item line after line), at a fixed cost per byte: for every period
+/// up to [`MAX_PERIOD`] it keeps how many bytes in a row equalled the byte one period earlier.
+#[derive(Debug)]
+struct Periodic {
+    recent: [u8; MAX_PERIOD],
+    fed: usize,
+    runs: [u32; MAX_PERIOD + 1],
+    /// Inside code: every ` ``` ` toggles it, wherever it stands (code repeats legitimately).
+    code: bool,
+    ticks: u8,
+    /// Spaces at the start of the current line so far (`u8::MAX` once past them), and whether
+    /// the line is indented code (four spaces or a tab).
+    indent: u8,
+    indented: bool,
+}
+
+impl Default for Periodic {
+    fn default() -> Periodic {
+        Periodic {
+            recent: [0; MAX_PERIOD],
+            fed: 0,
+            runs: [0; MAX_PERIOD + 1],
+            code: false,
+            ticks: 0,
+            indent: 0,
+            indented: false,
+        }
+    }
+}
+
+impl Periodic {
+    /// Feeds bytes; returns (unit digest, repetitions) for the shortest unit that now covers at
+    /// least `threshold` repetitions and [`MIN_PERIODIC_SPAN`] bytes, and holds a letter or digit
+    /// (dividers such as `-----` or `=-=-=-` are not chanting).
+    fn feed(&mut self, bytes: &[u8], threshold: u32) -> Option<(u64, u32)> {
+        let mut found = None;
+        for &c in bytes {
+            if c == b'`' {
+                self.ticks += 1;
+                if self.ticks == 3 {
+                    self.code = !self.code;
+                    self.ticks = 0;
+                }
+            } else {
+                self.ticks = 0;
+            }
+            match c {
+                b'\n' => {
+                    self.indent = 0;
+                    self.indented = false;
+                }
+                b' ' if self.indent != u8::MAX => {
+                    self.indent += 1;
+                    self.indented |= self.indent >= 4;
+                }
+                b'\t' if self.indent != u8::MAX => self.indented = true,
+                _ => self.indent = u8::MAX,
+            }
+            if self.code || self.indented {
+                continue;
+            }
+            let avail = self.fed.min(MAX_PERIOD);
+            for p in 1..=avail {
+                let prev = self.recent[(self.fed - p) % MAX_PERIOD];
+                let run = &mut self.runs[p];
+                *run = if prev == c { run.saturating_add(1) } else { 0 };
+            }
+            self.recent[self.fed % MAX_PERIOD] = c;
+            self.fed += 1;
+            if found.is_none() {
+                found = self.check(threshold);
+            }
+        }
+        found
+    }
+
+    fn check(&self, threshold: u32) -> Option<(u64, u32)> {
+        let avail = self.fed.min(MAX_PERIOD);
+        for p in 1..=avail {
+            let span = self.runs[p] as usize + p;
+            let reps = (span / p) as u32;
+            if span < MIN_PERIODIC_SPAN || reps < threshold.max(2) {
+                continue;
+            }
+            let unit: Vec<u8> = (1..=p)
+                .rev()
+                .map(|back| self.recent[(self.fed - back) % MAX_PERIOD])
+                .collect();
+            if !String::from_utf8_lossy(&unit)
+                .chars()
+                .any(char::is_alphanumeric)
+            {
+                continue;
+            }
+            let mut h = StreamHasher::new();
+            h.byte(b'U');
+            h.bytes(&unit);
+            return Some((h.finish(), reps));
+        }
+        None
+    }
 }
 
 const SENTENCE: u8 = b'S';
@@ -245,6 +362,7 @@ impl Chant {
         let mut rest = &text[..take];
         while let Some(nl) = rest.find('\n') {
             let seg = &rest[..nl];
+            self.periodic_feed(&rest[..=nl], p);
             if self.line.is_empty() {
                 self.line_done(seg, p);
             } else {
@@ -256,9 +374,18 @@ impl Chant {
             }
             rest = &rest[nl + 1..];
         }
+        self.periodic_feed(rest, p);
         self.line.push_str(rest);
         self.partial_sentences(p);
         self.report(p)
+    }
+
+    fn periodic_feed(&mut self, text: &str, p: &Chanting) {
+        if let Some((key, reps)) = self.periodic.feed(text.as_bytes(), p.threshold)
+            && reps > self.best.1
+        {
+            self.best = (key, reps);
+        }
     }
 
     /// Counts the finished sentences of the unfinished line, so a sentence chanted on one
@@ -319,6 +446,7 @@ impl Chant {
         self.scan = 0;
         self.sentences = 0;
         self.fence = false;
+        self.periodic = Periodic::default();
         self.best = (0, 0);
         self.fired = false;
         found
@@ -463,13 +591,13 @@ mod tests {
     }
 
     #[test]
-    fn markdown_is_not_chanting() {
+    fn code_and_markdown_structure_are_not_chanting() {
         let mut text = String::from("Here is the table:\n\n| name | value |\n|---|---|\n");
-        for _ in 0..10 {
-            text.push_str("| some repeated cell | same value here |\n");
+        for i in 0..10 {
+            text.push_str(&format!("| cell {i} | value {i} |\n"));
         }
-        for _ in 0..10 {
-            text.push_str("- the same list item text again\n");
+        for i in 0..10 {
+            text.push_str(&format!("- Added a test for case {i}\n"));
         }
         text.push_str("```\n");
         for _ in 0..10 {
@@ -477,12 +605,44 @@ mod tests {
         }
         text.push_str("```\n");
         for _ in 0..10 {
-            text.push_str("## A repeated heading title\n");
-        }
-        for _ in 0..10 {
             text.push_str("    let indented = code_line();\n");
         }
+        for divider in ["-", "=", "━", "─", "*", "_", "=-", "+"] {
+            text.push_str(&divider.repeat(80));
+            text.push('\n');
+        }
+        text.push_str("```\n");
+        text.push_str(&"0123456789abcdef".repeat(40));
+        text.push_str("\n```\n");
         assert_eq!(run(&text, 11), None);
+    }
+
+    /// Short units repeated back to back: under `min_unit_chars`, still a loop.
+    #[test]
+    fn short_units_repeated_are_chanting() {
+        for unit in [
+            "01234",
+            "SELEC",
+            "Thinking... Done. ",
+            "1, 1, ",
+            "Let me read it. 好。",
+        ] {
+            let text = format!("Sure. {}", unit.repeat(60));
+            assert!(run(&text, 7).is_some(), "{unit:?}");
+        }
+        // The same list item (or heading, or table row) line after line.
+        for line in [
+            "- the same list item text again\n",
+            "## A repeated heading\n",
+            "| same | row |\n",
+        ] {
+            assert!(run(&line.repeat(12), 5).is_some(), "{line:?}");
+        }
+        // A few repetitions of a short unit are ordinary text.
+        assert_eq!(
+            run("ha ha ha ha ha, that is funny. 1, 2, 1, 2, 1, 2.", 3),
+            None
+        );
     }
 
     #[test]
@@ -508,7 +668,7 @@ mod tests {
     /// The reference: one char at a time.
     fn turn_digest_slow(parts: &[&str]) -> (u64, u32) {
         let mut h = StreamHasher::new();
-        let (mut chars, mut space) = (0u32, false);
+        let (mut chars, mut space, mut digit) = (0u32, false, false);
         for ch in parts.iter().flat_map(|p| p.chars()) {
             if ch.is_whitespace() {
                 space = chars > 0;
@@ -518,7 +678,17 @@ mod tests {
                 h.byte(b' ');
                 chars += 1;
                 space = false;
+                digit = false;
             }
+            if ch.is_ascii_digit() {
+                if !digit {
+                    h.byte(b'0');
+                }
+                digit = true;
+                chars += 1;
+                continue;
+            }
+            digit = false;
             let mut b = [0u8; 4];
             for lc in ch.to_lowercase() {
                 h.bytes(lc.encode_utf8(&mut b).as_bytes());

@@ -6,14 +6,14 @@ use std::sync::Arc;
 use loopguard_rules::{Action, Settings};
 use loopguard_store::{GroupStore, WorkerId};
 
-use super::{Armed, CallIds, ID_POOL, MAX_UNKNOWN, Member, PINNED_IDS, Session};
+use super::{Armed, CallIds, ID_POOL, MAX_UNKNOWN, Member, PINNED_IDS, Session, UserTurn};
 use crate::compiled::CompiledRules;
 use crate::detect::Record;
 use crate::detect::text::{TURNS, TextState};
 use crate::escalation::Loops;
 use crate::snapshot::{
     ArmedV1, CallIdV1, CallRefV1, LoopV1, MemberV1, RecordV1, SessionV1, SettingsV1, SnapshotError,
-    TextV1, VerdictV1,
+    TextV1, UserTurnV1, VerdictV1,
 };
 use crate::verdict::{CallRef, Verdict};
 
@@ -157,6 +157,13 @@ impl Session {
                     loop_start: a.verdict.loop_start.as_ref().map(call_ref_v1),
                 },
             }),
+            user_turn: match self.user_turn {
+                UserTurn::Open => None,
+                turn => Some(UserTurnV1 {
+                    seq: self.user_seq,
+                    decided: turn == UserTurn::Final,
+                }),
+            },
         }
     }
 
@@ -251,6 +258,14 @@ impl Session {
                 },
             }));
         }
+        if let Some(u) = &snap.user_turn {
+            s.user_seq = u.seq;
+            s.user_turn = if u.decided {
+                UserTurn::Final
+            } else {
+                UserTurn::Pending
+            };
+        }
         if let Some(m) = &snap.group {
             s.group = Some(Box::new(Member {
                 group: m.group.as_str().into(),
@@ -344,6 +359,14 @@ fn check(snap: &SessionV1) -> Result<(), String> {
         return Err(format!(
             "{} recent turn digests, but a session keeps at most {TURNS}",
             t.turns.len()
+        ));
+    }
+    if let Some(u) = &snap.user_turn
+        && u.seq > snap.seq
+    {
+        return Err(format!(
+            "the latest user message follows call {}, but `seq` says only {} were seen",
+            u.seq, snap.seq
         ));
     }
     if snap.unknown_tools.len() > MAX_UNKNOWN {
