@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, RwLock};
 
+use loopguard_rules::schema::DETECTOR_NAMES;
 use loopguard_rules::{Config, Detectors, Ladder};
 
 use crate::fingerprint::{FingerprintRules, ToolKeys};
@@ -27,6 +28,17 @@ pub struct ToolInfo {
     pub known: bool,
     /// Its category `modifies`: a successful call is progress for the calls around it.
     pub modifies: bool,
+    /// `false`: the policy switched the tool (or its category) off; its events are ignored.
+    pub watched: bool,
+    /// Detectors that never fire on it (bit `Det as u8`).
+    pub exempt: u16,
+}
+
+impl ToolInfo {
+    /// Whether `det` may fire on this tool.
+    pub fn watched_by(&self, det: crate::detect::Det) -> bool {
+        self.exempt & (1 << (det as u16)) == 0
+    }
 }
 
 #[derive(Debug, Default)]
@@ -147,9 +159,17 @@ impl CompiledRules {
         } else {
             name.to_owned()
         };
-        let category = c
-            .category_of(&lookup)
+        let placement = c.place_tool(&lookup);
+        let category = placement
+            .category
             .and_then(|cat| c.categories.iter().position(|x| std::ptr::eq(x, cat)));
+        let exempt = placement.setting.map_or(0, |t| {
+            t.exempt
+                .iter()
+                .filter_map(|d| DETECTOR_NAMES.iter().position(|n| n == d))
+                .fold(0u16, |bits, i| bits | (1 << i))
+        });
+        let watched = placement.enabled();
         let known_tools = &self.detectors(category).unknown_tool.known_tools;
         ToolInfo {
             id,
@@ -160,6 +180,8 @@ impl CompiledRules {
             modifies: category
                 .and_then(|i| c.categories.get(i))
                 .is_some_and(|cat| cat.modifies),
+            watched,
+            exempt,
         }
     }
 

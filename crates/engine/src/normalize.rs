@@ -141,7 +141,12 @@ impl ResultRules {
             let mut lines = masked.lines().map(str::trim).filter(|l| !l.is_empty());
             let first = lines.next().unwrap_or("");
             let last = lines.next_back().unwrap_or("");
-            hash_bytes(hash_bytes(1, first.as_bytes()), last.as_bytes())
+            let mut h = StreamHasher::new();
+            h.byte(1);
+            signature_line(&mut h, first.as_bytes());
+            h.byte(b'\n');
+            signature_line(&mut h, last.as_bytes());
+            h.finish()
         } else {
             digest_folding_ends(masked)
         };
@@ -152,6 +157,28 @@ impl ResultRules {
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
+}
+
+/// Hashes a line of an error with its quoted parts as `<q>`: an error that echoes what it was
+/// given (`old_str \`x\` did not appear`, `No order with id 'ORD-1'`) is the same error for
+/// other input. An apostrophe inside a word (`doesn't`) is not a quote.
+fn signature_line(h: &mut StreamHasher, line: &[u8]) {
+    let mut i = 0;
+    let mut from = 0;
+    while i < line.len() {
+        let q = line[i];
+        let opens =
+            matches!(q, b'\'' | b'"' | b'`') && (i == 0 || !line[i - 1].is_ascii_alphanumeric());
+        if opens && let Some(len) = line[i + 1..].iter().take(200).position(|&c| c == q) {
+            h.bytes(&line[from..i]);
+            h.bytes(b"<q>");
+            i += len + 2;
+            from = i;
+            continue;
+        }
+        i += 1;
+    }
+    h.bytes(&line[from..]);
 }
 
 /// Results with this many lines or more have their first and last lines compared with every

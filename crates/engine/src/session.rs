@@ -361,6 +361,10 @@ impl Session {
     fn on_call(&mut self, c: &Call<'_>) -> Verdict {
         let rules = Arc::clone(&self.rules);
         let tool = rules.tool(c.tool);
+        if !tool.watched {
+            // Switched off by the policy: not recorded, so its result is ignored too.
+            return Verdict::allow();
+        }
         let det = rules.detectors(tool.category);
         let keys = rules
             .fingerprint
@@ -408,7 +412,12 @@ impl Session {
             GroupCheck::Loop(d) => Some(*d),
             GroupCheck::Quiet | GroupCheck::Unavailable => None,
         };
-        let cands = [exact, fuzzy, cycle, interleaved, unknown_tool, group_loop];
+        let mut cands = [exact, fuzzy, cycle, interleaved, unknown_tool, group_loop];
+        if tool.exempt != 0 {
+            for d in &mut cands {
+                *d = d.filter(|d| tool.watched_by(d.det));
+            }
+        }
         let hits = rules.plugins.on_call(c, &keys, &tool, &w);
         let mut verdict = self.escalate(
             &rules,
@@ -585,7 +594,7 @@ impl Session {
             return Verdict::allow();
         }
         let a = self.allowance;
-        let cands = [
+        let mut cands = [
             results::no_progress(&w, k, &det.no_progress, a),
             results::same_outcome(&w, k, &det.same_outcome),
             results::error_cascade(&w, k, &det.error_cascade)
@@ -593,6 +602,11 @@ impl Session {
             results::test_fix(&w, k, &det.test_fix),
             calls::failing_cycle(&w, k, &det.cycle, a),
         ];
+        if let Some(t) = tool.as_ref().filter(|t| t.exempt != 0) {
+            for d in &mut cands {
+                *d = d.filter(|d| t.watched_by(d.det));
+            }
+        }
         let hits = rules
             .plugins
             .on_result(r, tool.as_deref(), &rec, outcome.digest, &w);

@@ -524,7 +524,7 @@ fn silent_shell_commands_are_not_empty_outcomes() {
 #[test]
 fn failing_file_commands_cascade_with_a_hint() {
     let mut h = H::default();
-    for i in 0..3 {
+    for i in 0..4 {
         let r = h
             .bash(
                 &format!("sed -i 's/a/b/' f{i}.txt"),
@@ -537,7 +537,7 @@ fn failing_file_commands_cascade_with_a_hint() {
     let r = h.bash("sed -i 's/a/b/' g.txt", "sed: g.txt: other", true).1;
     assert_eq!(det(&r), Some("error_cascade"));
     assert!(r.message.contains("file tools"), "{}", r.message);
-    assert_eq!(r.calls.len(), 4);
+    assert_eq!(r.calls.len(), 5);
 }
 
 #[test]
@@ -920,16 +920,16 @@ proptest::proptest! {
 #[test]
 fn a_block_decided_on_a_result_warns_then_refuses_the_next_call_of_that_tool() {
     let mut h = H::default();
-    for i in 0..4 {
+    for i in 0..5 {
         h.bash(
             &format!("deploy --try {i}"),
             &format!("deploy failed: quota {i}"),
             true,
         );
     }
-    // The 5th failure reaches the ladder's block step: the call already ran, so the result
+    // The 6th failure reaches the ladder's block step: the call already ran, so the result
     // verdict warns and says what comes next.
-    let (c, r) = h.bash("deploy --try 4", "deploy failed: quota 4", true);
+    let (c, r) = h.bash("deploy --try 5", "deploy failed: quota 5", true);
     assert!(c.is_allow(), "{c:?}");
     assert_eq!(r.action, Action::Warn, "{r:?}");
     assert_eq!(det(&r), Some("error_cascade"));
@@ -940,7 +940,7 @@ fn a_block_decided_on_a_result_warns_then_refuses_the_next_call_of_that_tool() {
     );
     assert!(!r.message.contains("was not run"), "{}", r.message);
     // The next call of the same tool is refused, as a failed call.
-    let (next, _) = h.call("bash", json!({"command": "deploy --try 5"}));
+    let (next, _) = h.call("bash", json!({"command": "deploy --try 6"}));
     assert_eq!(next.action, Action::Block, "{next:?}");
     assert!(next.message.contains("not run"), "{}", next.message);
 }
@@ -960,4 +960,222 @@ fn a_call_of_another_tool_disarms_a_refusal_decided_on_a_result() {
     h.result(&id, "quota: 3", false);
     let (next, _) = h.call("bash", json!({"command": "kubectl get quota"}));
     assert_ne!(next.action, Action::Block, "{next:?}");
+}
+
+// --- progress model ---------------------------------------------------------------------------
+
+/// The same failing call with the same failure, sent again after a person's message that
+/// changes nothing ("there is a misunderstanding"), kept its count reset forever.
+#[test]
+fn a_user_message_that_changes_nothing_does_not_reset_the_loop() {
+    let mut h = H::default();
+    let args = json!({"command": "npm run deploy"});
+    let fail = "Error: missing DEPLOY_TOKEN";
+    assert!(h.run("bash", args.clone(), fail, true).0.is_allow());
+    assert!(h.run("bash", args.clone(), fail, true).0.is_allow());
+    h.user("there is a misunderstanding, please fix the deploy", false);
+    // Set aside until the outcome says whether the message changed anything.
+    let (c, r) = h.run("bash", args.clone(), fail, true);
+    assert!(c.is_allow(), "{c:?}");
+    assert_eq!(det(&r), Some("no_progress"), "{r:?}");
+    // And a loop that persists climbs the ladder across people's messages.
+    let mut worst = Action::Allow;
+    for _ in 0..4 {
+        h.user("we are going in circles", false);
+        let (c, r) = h.run("bash", args.clone(), fail, true);
+        worst = worst.max(c.action).max(r.action);
+    }
+    assert_eq!(worst, Action::Terminate);
+}
+
+/// A person's message that changes the outcome (new information) restarts the counts.
+#[test]
+fn a_user_message_that_changes_the_outcome_restarts_the_counts() {
+    let mut h = H::default();
+    let args = json!({"command": "npm run deploy"});
+    h.run("bash", args.clone(), "Error: missing DEPLOY_TOKEN", true);
+    h.run("bash", args.clone(), "Error: missing DEPLOY_TOKEN", true);
+    h.user("I exported DEPLOY_TOKEN, try now", false);
+    for _ in 0..2 {
+        let (c, r) = h.run("bash", args.clone(), "deployed v2 to staging", false);
+        assert!(c.is_allow() && r.is_allow(), "{c:?} {r:?}");
+    }
+}
+
+/// Framework prompts sent as user-role messages ("Please continue", observations) reset
+/// nothing: the identical calls between them are one loop.
+#[test]
+fn automated_prompts_do_not_reset_counts() {
+    let mut h = H::default();
+    let args = json!({"query": "status of order 4411"});
+    let mut first = None;
+    for i in 0..4 {
+        let (c, _) = h.run("search_orders", args.clone(), "order 4411: pending", false);
+        if !c.is_allow() && first.is_none() {
+            first = Some(i + 1);
+        }
+        h.user(
+            ["Please continue.", "Observation: done", "continue"][i % 3],
+            false,
+        );
+    }
+    assert_eq!(first, Some(3));
+}
+
+/// A result that differs only by a counter, an elapsed time and an opaque id is not a change.
+#[test]
+fn results_that_differ_only_by_volatile_tokens_are_the_same() {
+    let mut h = H::default();
+    let args = json!({"chat": "oc_5ad1", "text": "v2.3.1 released"});
+    let mut first = None;
+    for i in 1..=5 {
+        let out = format!(
+            "[exec #{i} exit=0 elapsed=0.0{i}s]\n{{\"message_id\": \"om_x100b8f{i}c1d6090618\", \"took_ms\": {}}}",
+            100 + i
+        );
+        let (c, _) = h.run("send_message", args.clone(), &out, false);
+        if !c.is_allow() && first.is_none() {
+            first = Some(i);
+        }
+    }
+    assert_eq!(first, Some(3));
+}
+
+/// Re-running the same failing test after a successful edit is a new attempt.
+#[test]
+fn a_successful_edit_between_identical_calls_is_progress() {
+    let mut h = H::default();
+    let test = json!({"command": "pytest -q tests/test_api.py"});
+    for i in 0..6 {
+        let (c, r) = h.run("bash", test.clone(), "10 passed", false);
+        assert!(c.is_allow() && r.is_allow(), "{i}: {c:?} {r:?}");
+        h.run(
+            "Edit",
+            json!({"file_path": "api.py", "old_string": format!("v{i}"), "new_string": "x"}),
+            "The file api.py has been updated.",
+            false,
+        );
+    }
+}
+
+/// Different edits all rejected with the same error at the same place are one outcome.
+#[test]
+fn different_calls_failing_the_same_way_are_the_same_outcome() {
+    let mut h = H::default();
+    let mut hit = None;
+    for i in 0..4 {
+        let (_, r) = h.run(
+            "str_replace_editor",
+            json!({"command": "str_replace", "path": "app.py", "old_str": format!("x{i}"), "new_str": "y"}),
+            &format!("ERROR: No replacement was performed, old_str `x{i}` did not appear verbatim in app.py.\nFailed at app.py:42"),
+            false,
+        );
+        if !r.is_allow() && hit.is_none() {
+            hit = Some((i + 1, det(&r).map(str::to_owned)));
+        }
+    }
+    assert_eq!(hit, Some((3, Some("same_outcome".to_owned()))));
+}
+
+/// Narration beside calls is never a text loop; the calls are judged.
+#[test]
+fn narration_beside_calls_is_not_a_text_loop() {
+    let mut h = H::default();
+    for i in 0..6 {
+        let time_ms = h.tick();
+        let v = h.engine.observe(&Event::Text(Text {
+            session: "s",
+            text: "Let me look at the next file.",
+            chunk: false,
+            end_of_turn: true,
+            reasoning: false,
+            narration: true,
+            time_ms,
+        }));
+        assert!(v.is_allow());
+        let (c, _) = h.run(
+            "read_file",
+            json!({"path": format!("src/m{i}.rs")}),
+            "…",
+            false,
+        );
+        assert!(c.is_allow());
+    }
+}
+
+// --- per-tool control -------------------------------------------------------------------------
+
+/// A legitimate repeating tool (a debugger's `next`) can be switched off, alone or by category.
+#[test]
+fn a_switched_off_tool_or_category_is_never_flagged() {
+    for yaml in [
+        "version: 1\ntools: { gdb_next: { enabled: false } }\n",
+        "version: 1\ncategories: { debugger: { tools: [gdb_*], enabled: false } }\n",
+    ] {
+        let mut h = H::new(config(yaml));
+        for _ in 0..8 {
+            let (c, r) = h.run("gdb_next", json!({}), "at main.c:12", false);
+            assert!(c.is_allow() && r.is_allow(), "{yaml}");
+        }
+        let mut flagged = false;
+        for _ in 0..4 {
+            flagged |= !h
+                .run("bash", json!({"command": "ls"}), "a", false)
+                .0
+                .is_allow();
+        }
+        assert!(flagged, "other tools are still watched: {yaml}");
+    }
+}
+
+/// A job poller exempt from the repeat detectors is not flagged for polling; it is for the
+/// detectors it is not exempt from.
+#[test]
+fn an_exempt_detector_never_fires_on_that_tool() {
+    let mut h = H::new(config(
+        "version: 1\ntools: { job_status: { exempt: [exact_repeat, no_progress, fuzzy_repeat] } }\n",
+    ));
+    for _ in 0..8 {
+        let (c, r) = h.run("job_status", json!({"id": 7}), "running", false);
+        assert!(c.is_allow() && r.is_allow());
+    }
+    let mut h = H::new(config(
+        "version: 1\ntools: { job_status: { exempt: [no_progress] } }\n",
+    ));
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let (c, r) = h.run("job_status", json!({"id": 7}), "running", false);
+        seen.extend(det(&c).map(str::to_owned));
+        seen.extend(det(&r).map(str::to_owned));
+    }
+    assert!(
+        seen.iter().all(|d| d != "no_progress") && !seen.is_empty(),
+        "{seen:?}"
+    );
+}
+
+/// A `tools` entry places a tool in a category over every pattern (the default policy has
+/// `grep` in `exploration`, threshold 4; moved to `shell`, threshold 3).
+#[test]
+fn a_tools_entry_moves_a_tool_to_another_category() {
+    let mut h = H::new(config(
+        "version: 1\ncategories:\n  exploration: { tools: [grep], detectors: { exact_repeat: { threshold: 5 }, no_progress: { enabled: false } } }\n  shell: { tools: [bash], detectors: { exact_repeat: { threshold: 3 } } }\ntools: { grep: { category: shell } }\n",
+    ));
+    let mut first = None;
+    for i in 1..=5 {
+        let (c, _) = h.run(
+            "grep",
+            json!({"pattern": "todo"}),
+            "src/a.rs:3: todo",
+            false,
+        );
+        if !c.is_allow() && first.is_none() {
+            first = Some((i, c.rule.clone().unwrap_or_default()));
+        }
+    }
+    let (at, rule) = first.expect("flagged");
+    assert!(
+        at <= 3 && rule.starts_with("categories.shell/"),
+        "{at} {rule}"
+    );
 }

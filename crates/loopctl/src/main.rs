@@ -56,6 +56,11 @@ enum Command {
         /// Treat warnings as errors.
         #[arg(long)]
         deny_warnings: bool,
+        /// Also say how a valid policy treats this tool: its category and why (a `tools` entry
+        /// or a category's pattern), whether it is watched, and the detectors it is exempt
+        /// from. Repeatable.
+        #[arg(long = "tool", value_name = "NAME")]
+        tools: Vec<String>,
     },
     /// Print the JSON Schema of the policy format (for editors such as yaml-language-server).
     Schema {
@@ -187,7 +192,8 @@ fn main() -> ExitCode {
             paths,
             error_format,
             deny_warnings,
-        } => validate::run(&paths, error_format, deny_warnings),
+            tools,
+        } => validate::run(&paths, error_format, deny_warnings, &tools),
         Command::Simulate {
             transcripts,
             rules,

@@ -44,12 +44,13 @@ fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>, missing: &mut Vec<(PathBuf, 
     }
 }
 
-pub fn run(paths: &[PathBuf], format: ErrorFormat, deny_warnings: bool) -> u8 {
+pub fn run(paths: &[PathBuf], format: ErrorFormat, deny_warnings: bool, tools: &[String]) -> u8 {
     let mut unreadable = Vec::new();
     let files = expand(paths, &mut unreadable);
     let (mut errors, mut warnings) = (0usize, 0usize);
     let mut json_diags = Vec::new();
     let mut checked = 0usize;
+    let mut explained = Vec::new();
 
     for file in &files {
         let loaded = match Policy::load(file) {
@@ -69,6 +70,26 @@ pub fn run(paths: &[PathBuf], format: ErrorFormat, deny_warnings: bool) -> u8 {
             },
             None => Vec::new(),
         };
+        if let Some(policy) = &loaded.policy {
+            let config = policy.resolve(None, None);
+            for tool in tools {
+                let placed = explain_tool(&config, tool);
+                match format {
+                    ErrorFormat::Human => crate::emit(&format!(
+                        "{}: tool `{tool}`: {}\n",
+                        file.display(),
+                        placed.line
+                    )),
+                    ErrorFormat::Json => {
+                        let mut v = placed.json;
+                        if let serde_json::Value::Object(m) = &mut v {
+                            m.insert("file".into(), file.display().to_string().into());
+                        }
+                        explained.push(v);
+                    }
+                }
+            }
+        }
         for diag in loaded.diagnostics.iter().chain(&plugin_diags) {
             match diag.severity {
                 Severity::Error => errors += 1,
@@ -117,11 +138,96 @@ pub fn run(paths: &[PathBuf], format: ErrorFormat, deny_warnings: bool) -> u8 {
                     "file": p.display().to_string(), "message": why,
                 })).collect::<Vec<_>>(),
                 "diagnostics": json_diags,
+                "tools": explained,
             });
             crate::emit(&format!("{report}\n"));
         }
     }
     code
+}
+
+/// How a policy treats one tool, as a line and as JSON.
+struct Explained {
+    line: String,
+    json: serde_json::Value,
+}
+
+/// Where `tool` lands in `config` (its category and why), whether it is watched, and what it
+/// is exempt from: what the engine decides once per tool name.
+fn explain_tool(config: &loopguard_rules::Config, tool: &str) -> Explained {
+    use loopguard_rules::config::PlacementReason;
+    let lookup = if config.fingerprint.case_insensitive_tools {
+        tool.to_lowercase()
+    } else {
+        tool.to_owned()
+    };
+    let placed = config.place_tool(&lookup);
+    let category = placed.category.map(|c| c.name.as_str());
+    let (why, pattern) = match &placed.reason {
+        PlacementReason::Named => {
+            // The pattern it would have matched otherwise, if any.
+            let over = config
+                .categories
+                .iter()
+                .filter(|c| Some(c.name.as_str()) != category && c.name != "default")
+                .find_map(|c| {
+                    c.matchers
+                        .iter()
+                        .position(|m| m.is_match(&lookup))
+                        .map(|i| (c.name.as_str(), c.tools.get(i).map_or("", String::as_str)))
+                });
+            match over {
+                Some((c, p)) => (
+                    format!(
+                        "named by `tools.{tool}.category`, over pattern `{p}` of category `{c}`"
+                    ),
+                    None,
+                ),
+                None => (format!("named by `tools.{tool}.category`"), None),
+            }
+        }
+        PlacementReason::Pattern(p) => (format!("matches pattern `{p}`"), Some(*p)),
+        PlacementReason::Default => ("listed nowhere: the `default` category".to_owned(), None),
+        PlacementReason::None => (
+            "listed nowhere, and there is no `default` category: the top-level settings".to_owned(),
+            None,
+        ),
+    };
+    let watched = placed.enabled();
+    let exempt: Vec<&str> = placed
+        .setting
+        .map(|t| t.exempt.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let mut line = match category {
+        Some(c) => format!("category `{c}` ({why})"),
+        None => format!("no category ({why})"),
+    };
+    if !watched {
+        let by = if placed.setting.is_some_and(|t| !t.enabled) {
+            format!("`tools.{tool}.enabled: false`")
+        } else {
+            format!("`categories.{}.enabled: false`", category.unwrap_or(""))
+        };
+        line.push_str(&format!("; ignored ({by})"));
+    } else if !exempt.is_empty() {
+        line.push_str(&format!("; exempt from {}", exempt.join(", ")));
+    }
+    Explained {
+        line,
+        json: serde_json::json!({
+            "tool": tool,
+            "category": category,
+            "reason": match placed.reason {
+                PlacementReason::Named => "tools",
+                PlacementReason::Pattern(_) => "pattern",
+                PlacementReason::Default => "default",
+                PlacementReason::None => "none",
+            },
+            "pattern": pattern,
+            "watched": watched,
+            "exempt": exempt,
+        }),
+    }
 }
 
 fn plural(n: usize) -> &'static str {

@@ -187,6 +187,48 @@ pub struct Category {
     pub ladder: Option<String>,
     /// A successful call of these tools is progress for the calls around it.
     pub modifies: bool,
+    /// `false`: calls and results of these tools are ignored.
+    pub enabled: bool,
+}
+
+/// One tool named in the policy's `tools` section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolSetting {
+    /// The tool's category, over every category's patterns.
+    pub category: Option<String>,
+    /// `false`: the tool's calls and results are ignored.
+    pub enabled: bool,
+    /// Detectors that never fire on this tool.
+    pub exempt: Vec<String>,
+}
+
+/// Where a tool lands and why ([`Config::place_tool`]).
+#[derive(Clone, Debug)]
+pub struct Placement<'a> {
+    pub category: Option<&'a Category>,
+    pub reason: PlacementReason<'a>,
+    /// The tool's own entry in the `tools` section, if any.
+    pub setting: Option<&'a ToolSetting>,
+}
+
+/// Why a tool is in its category.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlacementReason<'a> {
+    /// `tools.<name>.category`.
+    Named,
+    /// A pattern of the category's `tools`.
+    Pattern(&'a str),
+    /// Listed nowhere: the category named `default`.
+    Default,
+    /// Listed nowhere and there is no `default` category: the top-level detector settings.
+    None,
+}
+
+impl Placement<'_> {
+    /// Whether loopguard watches the tool at all.
+    pub fn enabled(&self) -> bool {
+        self.category.is_none_or(|c| c.enabled) && self.setting.is_none_or(|t| t.enabled)
+    }
 }
 
 impl Category {
@@ -293,6 +335,8 @@ pub struct Config {
     pub nudge: Nudge,
     pub ladders: BTreeMap<String, Ladder>,
     pub categories: Vec<Category>,
+    /// Single tools by exact name (the `tools` section).
+    pub tools: BTreeMap<String, ToolSetting>,
     pub detectors: Detectors,
     pub fingerprint: Fingerprint,
     pub shell: Shell,
@@ -323,10 +367,58 @@ impl Config {
     /// The category of a tool: the first declared category listing it, else the one named
     /// `default`, else none (top-level detector parameters apply).
     pub fn category_of(&self, tool: &str) -> Option<&Category> {
-        self.categories
-            .iter()
-            .find(|c| c.name != "default" && c.matches(tool))
-            .or_else(|| self.categories.iter().find(|c| c.name == "default"))
+        self.place_tool(tool).category
+    }
+
+    /// The `tools` entry of a tool (by exact name; without case when tool names compare so).
+    pub fn tool_setting(&self, tool: &str) -> Option<&ToolSetting> {
+        self.tools.get(tool).or_else(|| {
+            self.fingerprint
+                .case_insensitive_tools
+                .then(|| {
+                    self.tools
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case(tool))
+                        .map(|(_, v)| v)
+                })
+                .flatten()
+        })
+    }
+
+    /// Where a tool lands: its `tools` entry's category, else the first declared category with
+    /// a matching pattern, else the category named `default`; and why.
+    pub fn place_tool(&self, tool: &str) -> Placement<'_> {
+        let setting = self.tool_setting(tool);
+        if let Some(name) = setting.and_then(|t| t.category.as_deref())
+            && let Some(c) = self.categories.iter().find(|c| c.name == name)
+        {
+            return Placement {
+                category: Some(c),
+                reason: PlacementReason::Named,
+                setting,
+            };
+        }
+        for c in self.categories.iter().filter(|c| c.name != "default") {
+            if let Some(i) = c.matchers.iter().position(|m| m.is_match(tool)) {
+                return Placement {
+                    category: Some(c),
+                    reason: PlacementReason::Pattern(c.tools.get(i).map_or("", String::as_str)),
+                    setting,
+                };
+            }
+        }
+        match self.categories.iter().find(|c| c.name == "default") {
+            Some(c) => Placement {
+                category: Some(c),
+                reason: PlacementReason::Default,
+                setting,
+            },
+            None => Placement {
+                category: None,
+                reason: PlacementReason::None,
+                setting,
+            },
+        }
     }
 }
 
@@ -338,6 +430,11 @@ fn get<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
 
 fn b(node: &Node, key: &str) -> bool {
     matches!(get(node, key).map(|n| &n.value), Some(Value::Bool(true)))
+}
+
+/// A boolean that defaults to true in entries of maps (where declared defaults are not merged).
+fn not_false(node: &Node, key: &str) -> bool {
+    !matches!(get(node, key).map(|n| &n.value), Some(Value::Bool(false)))
 }
 
 fn u(node: &Node, key: &str) -> u32 {
@@ -560,7 +657,24 @@ impl Config {
                     detectors: Detectors::from_node(&merged),
                     ladder: s(v, "ladder"),
                     modifies: b(v, "modifies"),
+                    enabled: not_false(v, "enabled"),
                 })
+            })
+            .collect();
+
+        let tool_settings = section(root, "tools", &none)
+            .as_map()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(k, v)| {
+                Some((
+                    k.as_str()?.to_owned(),
+                    ToolSetting {
+                        category: s(v, "category"),
+                        enabled: not_false(v, "enabled"),
+                        exempt: strs(v, "exempt"),
+                    },
+                ))
             })
             .collect();
 
@@ -613,6 +727,7 @@ impl Config {
             },
             ladders,
             categories,
+            tools: tool_settings,
             detectors: Detectors::from_node(detectors_node),
             fingerprint: Fingerprint {
                 primary_keys: strs(fp, "primary_keys"),

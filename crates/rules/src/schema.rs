@@ -483,6 +483,12 @@ const CATEGORY: &[Field] = &[
         "tool names and globs (`mcp__*`) in this category; the category named `default` holds every tool not listed elsewhere",
     ),
     f(
+        "enabled",
+        BOOL,
+        Some("true"),
+        "watch these tools; `false`: their calls and results are ignored (a debugger's `next`, a job poller)",
+    ),
+    f(
         "detectors",
         Kind::Section(DETECTORS),
         None,
@@ -499,6 +505,30 @@ const CATEGORY: &[Field] = &[
         BOOL,
         Some("false"),
         "these tools change the world (writes, edits): a successful call of one of them between two identical calls of another tool is progress and restarts that call's count (re-running tests after an edit)",
+    ),
+];
+
+/// Names of the built-in detectors as a kind (for lists of detectors).
+const DETECTOR: Kind = Kind::Enum(DETECTOR_NAMES);
+
+const TOOL: &[Field] = &[
+    f(
+        "category",
+        STR,
+        None,
+        "the tool's category, over every category's `tools` patterns (a policy that `extends` another moves a tool this way)",
+    ),
+    f(
+        "enabled",
+        BOOL,
+        Some("true"),
+        "watch this tool; `false`: its calls and results are ignored",
+    ),
+    f(
+        "exempt",
+        Kind::List(&DETECTOR),
+        Some("[]"),
+        "detectors that never fire on this tool's calls and results",
     ),
 ];
 
@@ -689,7 +719,7 @@ const TIME: &[Field] = &[
         "reset_on_user_message",
         BOOL,
         Some("true"),
-        "a new user message restarts every count (nudges the host injects never do)",
+        "a message from a person sets the calls before it aside until a repeated call's outcome shows whether it changed anything (see the README's Progress section); `false`: people's messages change no count",
     ),
     f(
         "session_idle_seconds",
@@ -872,6 +902,12 @@ const OVERRIDE: &[Field] = &[
         "see `categories`",
     ),
     f(
+        "tools",
+        Kind::Map(&Kind::Section(TOOL)),
+        None,
+        "see `tools`",
+    ),
+    f(
         "detectors",
         Kind::Section(DETECTORS),
         None,
@@ -943,6 +979,12 @@ pub const POLICY: &[Field] = &[
         Kind::Map(&Kind::Section(CATEGORY)),
         Some("{}"),
         "named groups of tools with their own thresholds and ladder",
+    ),
+    f(
+        "tools",
+        Kind::Map(&Kind::Section(TOOL)),
+        Some("{}"),
+        "single tools, by exact name: their category, switched off, or exempt from chosen detectors",
     ),
     f(
         "detectors",

@@ -66,6 +66,7 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
 
 fn check_tree(root: &Node, out: &mut Vec<Diagnostic>) {
     check_categories(root, out);
+    check_tool_categories(root, out);
     check_ladders(root, out);
     check_ladder_refs(root, out);
     let window = root.path("window.size");
@@ -303,12 +304,49 @@ fn check_categories(root: &Node, out: &mut Vec<Diagnostic>) {
                             format!("{what} is in categories `{other_name}` and `{name}`"),
                         )
                         .with_label(format!("already in `{other_name}`"))
-                        .with_help("a tool belongs to one category; remove it from one of them"),
+                        .with_help("a tool belongs to one category: remove it from one, or place it with `tools.<name>.category`"),
                     );
                 }
             }
             seen.push((name, pattern));
         }
+    }
+}
+
+/// `tools.<name>.category` names a category of the policy.
+fn check_tool_categories(root: &Node, out: &mut Vec<Diagnostic>) {
+    let names: Vec<String> = root
+        .get("categories")
+        .and_then(Node::as_map)
+        .unwrap_or_default()
+        .iter()
+        .map(|(k, _)| k.scalar_text())
+        .collect();
+    for (_, tool) in root.get("tools").and_then(Node::as_map).unwrap_or_default() {
+        let Some(c) = tool.get("category") else {
+            continue;
+        };
+        let Some(name) = c.as_str() else { continue };
+        if names.iter().any(|n| n == name) {
+            continue;
+        }
+        let d = Diagnostic::error(
+            "unknown-category",
+            c.span,
+            format!("unknown category `{name}`"),
+        )
+        .with_label("no category of this name");
+        out.push(match did_you_mean(name, names.iter().map(String::as_str)) {
+            Some(near) => d.with_help(format!("did you mean `{near}`?")),
+            None => d.with_help(format!(
+                "categories defined: {}",
+                names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        });
     }
 }
 

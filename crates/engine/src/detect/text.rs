@@ -157,19 +157,45 @@ impl Block {
     /// Pushes ASCII bytes, lowercased, each run of digits as one `0` (a counter in an
     /// otherwise identical turn does not make it new).
     /// `digit`: the byte before `bytes` was a digit. Returns whether the last one is.
-    fn extend_folded(&mut self, h: &mut StreamHasher, bytes: &[u8], mut digit: bool) -> bool {
-        for &b in bytes {
-            if b.is_ascii_digit() {
-                if !digit {
-                    self.push(h, b'0');
-                }
-                digit = true;
-            } else {
+    fn extend_folded(&mut self, h: &mut StreamHasher, mut bytes: &[u8], mut digit: bool) -> bool {
+        if !bytes.iter().any(u8::is_ascii_digit) {
+            self.extend_lowercase(h, bytes);
+            return false;
+        }
+        while !bytes.is_empty() {
+            let n = bytes
+                .iter()
+                .position(u8::is_ascii_digit)
+                .unwrap_or(bytes.len());
+            if n > 0 {
+                self.extend_lowercase(h, &bytes[..n]);
                 digit = false;
-                self.push(h, b.to_ascii_lowercase());
             }
+            let d = bytes[n..].iter().take_while(|b| b.is_ascii_digit()).count();
+            if d > 0 && !digit {
+                self.push(h, b'0');
+            }
+            digit |= d > 0;
+            bytes = &bytes[n + d..];
         }
         digit
+    }
+
+    /// Pushes ASCII bytes, lowercased.
+    fn extend_lowercase(&mut self, h: &mut StreamHasher, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.len == self.buf.len() {
+                self.flush(h);
+            }
+            let room = self.buf.get_mut(self.len..).unwrap_or_default();
+            let n = room.len().min(bytes.len());
+            let (now, later) = bytes.split_at(n);
+            for (o, &b) in room.iter_mut().zip(now) {
+                *o = b.to_ascii_lowercase();
+            }
+            self.len += n;
+            bytes = later;
+        }
     }
 
     fn flush(&mut self, h: &mut StreamHasher) {
@@ -207,19 +233,26 @@ pub struct Chant {
 }
 
 /// The longest unit [`Periodic`] looks for, in bytes.
-const MAX_PERIOD: usize = 96;
+const MAX_PERIOD: usize = 64;
 /// The shortest stretch of text [`Periodic`] reports: a unit of a few characters repeated a
 /// handful of times is ordinary text ("ha ha ha", "1, 2, 1, 2").
 const MIN_PERIODIC_SPAN: usize = 128;
+/// Text [`Periodic`] keeps at least: enough for the longest unit repeated 5 times.
+const PERIODIC_KEEP: usize = 512;
+/// [`Periodic`] looks for a repeated unit each time this many bytes arrived.
+const PERIODIC_STRIDE: usize = 64;
 
 /// Finds a short unit repeated back to back ("01234012340123…", "Thinking... Done. Thinking...
-/// Done. …", the same list item line after line), at a fixed cost per byte: for every period
-/// up to [`MAX_PERIOD`] it keeps how many bytes in a row equalled the byte one period earlier.
-#[derive(Debug)]
+/// Done. …", the same list item line after line). Every [`PERIODIC_STRIDE`] bytes it asks, for
+/// each period up to [`MAX_PERIOD`], whether the newest stretch long enough for `threshold`
+/// repetitions (and at least [`MIN_PERIODIC_SPAN`] bytes) repeats with that period; in text
+/// that does not, each period fails within a byte or two, so the cost is a few comparisons per
+/// byte.
+#[derive(Debug, Default)]
 struct Periodic {
-    recent: [u8; MAX_PERIOD],
-    fed: usize,
-    runs: [u32; MAX_PERIOD + 1],
+    /// The newest bytes outside code, at most `2 * PERIODIC_KEEP` (allocated at the first).
+    buf: Vec<u8>,
+    since_check: usize,
     /// Inside code: every ` ``` ` toggles it, wherever it stands (code repeats legitimately).
     code: bool,
     ticks: u8,
@@ -229,88 +262,131 @@ struct Periodic {
     indented: bool,
 }
 
-impl Default for Periodic {
-    fn default() -> Periodic {
-        Periodic {
-            recent: [0; MAX_PERIOD],
-            fed: 0,
-            runs: [0; MAX_PERIOD + 1],
-            code: false,
-            ticks: 0,
-            indent: 0,
-            indented: false,
-        }
-    }
-}
-
 impl Periodic {
-    /// Feeds bytes; returns (unit digest, repetitions) for the shortest unit that now covers at
-    /// least `threshold` repetitions and [`MIN_PERIODIC_SPAN`] bytes, and holds a letter or digit
+    /// Feeds bytes; returns (unit digest, repetitions) for the shortest unit found repeated
+    /// `threshold` times over at least [`MIN_PERIODIC_SPAN`] bytes that holds a letter or digit
     /// (dividers such as `-----` or `=-=-=-` are not chanting).
     fn feed(&mut self, bytes: &[u8], threshold: u32) -> Option<(u64, u32)> {
         let mut found = None;
-        for &c in bytes {
-            if c == b'`' {
-                self.ticks += 1;
-                if self.ticks == 3 {
-                    self.code = !self.code;
-                    self.ticks = 0;
-                }
-            } else {
+        let mut rest = bytes;
+        while let Some(&c) = rest.first() {
+            if self.code && c != b'`' {
+                // Inside code only the next backtick matters.
+                let n = rest.iter().position(|&b| b == b'`').unwrap_or(rest.len());
+                rest = &rest[n..];
                 self.ticks = 0;
-            }
-            match c {
-                b'\n' => {
-                    self.indent = 0;
-                    self.indented = false;
-                }
-                b' ' if self.indent != u8::MAX => {
-                    self.indent += 1;
-                    self.indented |= self.indent >= 4;
-                }
-                b'\t' if self.indent != u8::MAX => self.indented = true,
-                _ => self.indent = u8::MAX,
-            }
-            if self.code || self.indented {
+                self.indent = u8::MAX;
                 continue;
             }
-            let avail = self.fed.min(MAX_PERIOD);
-            for p in 1..=avail {
-                let prev = self.recent[(self.fed - p) % MAX_PERIOD];
-                let run = &mut self.runs[p];
-                *run = if prev == c { run.saturating_add(1) } else { 0 };
+            if self.indent != u8::MAX || self.ticks > 0 || c == b'`' || c == b'\n' {
+                rest = &rest[1..];
+                self.byte(c);
+                if !self.code && !self.indented {
+                    self.push(&[c], threshold, &mut found);
+                }
+                continue;
             }
-            self.recent[self.fed % MAX_PERIOD] = c;
-            self.fed += 1;
-            if found.is_none() {
-                found = self.check(threshold);
+            // Plain text up to the next newline or backtick goes in as it is.
+            let n = rest
+                .iter()
+                .position(|&b| b == b'\n' || b == b'`')
+                .unwrap_or(rest.len());
+            let (plain, tail) = rest.split_at(n);
+            rest = tail;
+            if !self.indented {
+                self.push(plain, threshold, &mut found);
             }
         }
         found
     }
 
+    /// The state a byte at a line start or a backtick changes: code fences and indentation.
+    fn byte(&mut self, c: u8) {
+        if c == b'`' {
+            self.ticks += 1;
+            if self.ticks == 3 {
+                self.code = !self.code;
+                self.ticks = 0;
+            }
+        } else {
+            self.ticks = 0;
+        }
+        match c {
+            b'\n' => {
+                self.indent = 0;
+                self.indented = false;
+            }
+            b' ' if self.indent != u8::MAX => {
+                self.indent += 1;
+                self.indented |= self.indent >= 4;
+            }
+            b'\t' if self.indent != u8::MAX => self.indented = true,
+            _ => self.indent = u8::MAX,
+        }
+    }
+
+    /// Appends prose, looking for a repeated unit every [`PERIODIC_STRIDE`] bytes.
+    fn push(&mut self, mut text: &[u8], threshold: u32, found: &mut Option<(u64, u32)>) {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(2 * PERIODIC_KEEP);
+        }
+        while !text.is_empty() {
+            let take = (PERIODIC_STRIDE - self.since_check).min(text.len());
+            if self.buf.len() + take > 2 * PERIODIC_KEEP {
+                self.buf.drain(..PERIODIC_KEEP);
+            }
+            self.buf.extend_from_slice(&text[..take]);
+            text = &text[take..];
+            self.since_check += take;
+            if self.since_check >= PERIODIC_STRIDE {
+                self.since_check = 0;
+                if found.is_none() {
+                    *found = self.check(threshold);
+                }
+            }
+        }
+    }
+
+    /// Starts a new message, keeping the buffer.
+    fn reset(&mut self) {
+        self.buf.clear();
+        self.since_check = 0;
+        self.code = false;
+        self.ticks = 0;
+        self.indent = 0;
+        self.indented = false;
+    }
+
     fn check(&self, threshold: u32) -> Option<(u64, u32)> {
-        let avail = self.fed.min(MAX_PERIOD);
-        for p in 1..=avail {
-            let span = self.runs[p] as usize + p;
-            let reps = (span / p) as u32;
-            if span < MIN_PERIODIC_SPAN || reps < threshold.max(2) {
+        let reps = threshold.max(2) as usize;
+        let n = self.buf.len();
+        let last = *self.buf.last()?;
+        for p in 1..=MAX_PERIOD {
+            let span = (p * reps).max(MIN_PERIODIC_SPAN);
+            if span > n {
+                break;
+            }
+            // The newest byte one period back first: in most text that settles it.
+            let tail = &self.buf[n - span..];
+            if tail[span - 1 - p] != last || tail[..span - p] != tail[p..] {
                 continue;
             }
-            let unit: Vec<u8> = (1..=p)
-                .rev()
-                .map(|back| self.recent[(self.fed - back) % MAX_PERIOD])
-                .collect();
-            if !String::from_utf8_lossy(&unit)
+            let unit = &self.buf[n - p..];
+            if !String::from_utf8_lossy(unit)
                 .chars()
                 .any(char::is_alphanumeric)
             {
                 continue;
             }
+            // How far the repetition reaches back within what is kept.
+            let mut run = span - p;
+            while run + p < n && self.buf[n - 1 - run] == self.buf[n - 1 - run - p] {
+                run += 1;
+            }
             let mut h = StreamHasher::new();
             h.byte(b'U');
-            h.bytes(&unit);
-            return Some((h.finish(), reps));
+            h.bytes(unit);
+            return Some((h.finish(), ((run + p) / p) as u32));
         }
         None
     }
@@ -326,6 +402,32 @@ fn is_list_item(t: &str) -> bool {
     }
     let n = t.bytes().take_while(u8::is_ascii_digit).count();
     n > 0 && (t[n..].starts_with(". ") || t[n..].starts_with(") "))
+}
+
+/// An order-insensitive hash of a sentence's words: each word's bytes lowercased, ASCII
+/// punctuation left out, hashed (FNV-1a) and summed, in one pass. `None` for fewer than four
+/// words (short phrases in another order are ordinary text).
+fn bag_hash(s: &str) -> Option<u64> {
+    const START: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut sum = 0u64;
+    let mut words = 0u32;
+    let mut h = START;
+    for &b in s.as_bytes() {
+        if b.is_ascii_whitespace() {
+            if h != START {
+                sum = sum.wrapping_add(crate::hash::fmix(h));
+                words += 1;
+                h = START;
+            }
+        } else if !b.is_ascii_punctuation() {
+            h = (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    if h != START {
+        sum = sum.wrapping_add(crate::hash::fmix(h));
+        words += 1;
+    }
+    (words >= 4).then(|| crate::hash::combine(sum, u64::from(b'B')))
 }
 
 fn unit_hash(tag: u8, s: &str) -> u64 {
@@ -402,7 +504,7 @@ impl Chant {
             if matches!(b[i], b'.' | b'!' | b'?') && b[i + 1].is_ascii_whitespace() {
                 let s = line[from..=i].trim();
                 if Self::fits(s, p) {
-                    self.count(unit_hash(SENTENCE, s));
+                    self.count_sentence(s);
                 }
                 self.sentences += 1;
                 from = i + 1;
@@ -426,6 +528,12 @@ impl Chant {
 
     /// Ends the message: the unfinished line and paragraph are counted, then the state resets.
     pub fn end(&mut self, p: &Chanting) -> Option<(u64, u32)> {
+        if self.periodic.since_check > 0
+            && let Some((key, reps)) = self.periodic.check(p.threshold)
+            && reps > self.best.1
+        {
+            self.best = (key, reps);
+        }
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             self.line_done(&line, p);
@@ -446,7 +554,7 @@ impl Chant {
         self.scan = 0;
         self.sentences = 0;
         self.fence = false;
-        self.periodic = Periodic::default();
+        self.periodic.reset();
         self.best = (0, 0);
         self.fired = false;
         found
@@ -458,6 +566,15 @@ impl Chant {
             return Some(self.best);
         }
         None
+    }
+
+    /// Counts a sentence as it is, and as a bag of words: the same sentence with its words
+    /// moved around ("I will now check X." / "I will check X now.") is the same unit.
+    fn count_sentence(&mut self, s: &str) {
+        self.count(unit_hash(SENTENCE, s));
+        if let Some(bag) = bag_hash(s) {
+            self.count(bag);
+        }
     }
 
     fn count(&mut self, key: u64) {
@@ -488,6 +605,10 @@ impl Chant {
         }
         if t.is_empty() || t.starts_with('|') || t.starts_with('#') || is_list_item(t) {
             self.para_done(p);
+            // The same list item again and again is the same repetition written as a list.
+            if is_list_item(t) && Self::fits(t, p) {
+                self.count(unit_hash(LINE, t));
+            }
             return;
         }
         let mut sentences = counted;
@@ -500,7 +621,7 @@ impl Chant {
             if end {
                 let s = line[from..=i].trim();
                 if Self::fits(s, p) {
-                    self.count(unit_hash(SENTENCE, s));
+                    self.count_sentence(s);
                 }
                 sentences += 1;
                 from = i + 1;
@@ -509,7 +630,7 @@ impl Chant {
         let tail = line[from..].trim();
         if !tail.is_empty() {
             if Self::fits(tail, p) {
-                self.count(unit_hash(SENTENCE, tail));
+                self.count_sentence(tail);
             }
             sentences += 1;
         }
