@@ -149,6 +149,36 @@ async fn agent(
     (outcomes, messages)
 }
 
+/// [`agent`], with a framework's own user-role prompt ("Please continue.") appended to each
+/// turn's tool results.
+async fn agent_prompted(p: &Proxy, session: &str, prompt: &str, turns: usize) -> Vec<Outcome> {
+    let mut messages = vec![user("build the project")];
+    let mut outcomes = Vec::new();
+    for _ in 0..turns {
+        let (status, body) = chat(p, session, "loop", &messages).await;
+        if status == StatusCode::BAD_REQUEST {
+            assert_eq!(body["error"]["type"], "loop_detected", "{body}");
+            outcomes.push(Outcome::Stopped);
+            break;
+        }
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let msg = body["choices"][0]["message"].clone();
+        messages.push(msg.clone());
+        match msg["tool_calls"].as_array() {
+            Some(calls) => {
+                for c in calls {
+                    messages.push(json!({"role": "tool", "tool_call_id": c["id"],
+                        "content": "error: could not compile `app`"}));
+                }
+                outcomes.push(Outcome::Released);
+            }
+            None => outcomes.push(Outcome::Refused),
+        }
+        messages.push(user(prompt));
+    }
+    outcomes
+}
+
 fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})
 }
@@ -281,6 +311,61 @@ async fn streaming_assembles_calls_and_enforces_the_same_ladder() {
             .unwrap()
             .contains("[loopguard] Loop detected")
     );
+}
+
+/// Frameworks send a user-role prompt on every step; it is not a person and resets nothing,
+/// so the loop is stopped exactly when it is without the prompts.
+#[tokio::test(flavor = "multi_thread")]
+async fn framework_prompts_between_turns_do_not_hide_the_loop() {
+    let up = Upstream::start().await;
+    let (p, _dir) = start(&up, 3, &[]);
+    use Outcome::*;
+    for prompt in [
+        "Please continue.",
+        "Observation: the command failed.",
+        "You did not call a tool. Use a tool or give the final answer.",
+    ] {
+        let outcomes = agent_prompted(&p, &format!("auto-{prompt}"), prompt, 8).await;
+        assert_eq!(
+            outcomes,
+            [Released, Released, Released, Refused, Stopped],
+            "{prompt}"
+        );
+    }
+}
+
+/// A person who says something that changes nothing ("we are going in circles") between the
+/// same failing calls does not reset the loop: the run is still stopped. The agent reports
+/// each failure in text (a request of its own) and the person answers it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_person_repeating_themselves_does_not_reset_the_loop() {
+    let up = Upstream::start().await;
+    let (p, _dir) = start(&up, 3, &[]);
+    let mut messages = vec![user("build the project")];
+    let mut stopped_at = None;
+    for turn in 1..=24 {
+        let (status, body) = chat(&p, "circles", "converse", &messages).await;
+        if status == StatusCode::BAD_REQUEST {
+            assert_eq!(body["error"]["type"], "loop_detected", "{body}");
+            stopped_at = Some(turn);
+            break;
+        }
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let msg = body["choices"][0]["message"].clone();
+        messages.push(msg.clone());
+        match msg["tool_calls"].as_array() {
+            Some(calls) => {
+                for c in calls {
+                    messages.push(json!({"role": "tool", "tool_call_id": c["id"],
+                        "content": "error: could not compile `app`"}));
+                }
+            }
+            None => messages.push(user("we are going in circles")),
+        }
+    }
+    // Two requests a round (the call, the report); stopped by the 5th identical call's result.
+    let stopped_at = stopped_at.expect("the run is stopped");
+    assert!(stopped_at <= 12, "{stopped_at}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

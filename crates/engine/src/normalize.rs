@@ -190,8 +190,12 @@ const FOLD_ENDS_LINES: usize = 6;
 /// The digest of a masked, trimmed result (see [`FOLD_ENDS_LINES`]).
 fn digest_folding_ends(masked: &str) -> u64 {
     let bytes = masked.as_bytes();
-    let lines = bytes.iter().filter(|&&b| b == b'\n').count() + 1;
-    if lines < FOLD_ENDS_LINES {
+    let newlines = bytes
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .take(FOLD_ENDS_LINES - 1)
+        .count();
+    if newlines + 1 < FOLD_ENDS_LINES {
         return hash_bytes(0, bytes);
     }
     let first_end = masked.find('\n').unwrap_or(masked.len());
@@ -500,25 +504,30 @@ fn volatile_key_before(b: &[u8], i: usize) -> bool {
 /// least 2 digits and 2 letters (`msg_01H8XK2`, `om_x100b8f3`, `req-7f3a9c`), not a plain word
 /// or number.
 fn id_len(b: &[u8], i: usize) -> Option<usize> {
-    let n = b[i..]
-        .iter()
-        .take_while(|&&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
-        .count();
-    let tok = &b[i..i + n];
-    // A trailing `-` belongs to the text around it.
-    let n = n - tok.iter().rev().take_while(|&&c| c == b'-').count();
-    let tok = &b[i..i + n];
-    if n < 6 || (i + n < b.len() && b[i + n].is_ascii_alphanumeric()) {
-        return None;
+    // One pass: the token's length, its digits and letters, and whether a letter precedes a
+    // digit (a number with a unit, `1200px`, is not an id).
+    let (mut n, mut digits, mut letters, mut mixed) = (0usize, 0u32, 0u32, false);
+    let mut trailing_dashes = 0usize;
+    for &c in &b[i..] {
+        if c.is_ascii_digit() {
+            digits += 1;
+            mixed |= letters > 0;
+            trailing_dashes = 0;
+        } else if c.is_ascii_alphabetic() {
+            letters += 1;
+            trailing_dashes = 0;
+        } else if c == b'_' {
+            trailing_dashes = 0;
+        } else if c == b'-' {
+            trailing_dashes += 1;
+        } else {
+            break;
+        }
+        n += 1;
     }
-    let digits = tok.iter().filter(|c| c.is_ascii_digit()).count();
-    let letters = tok.iter().filter(|c| c.is_ascii_alphabetic()).count();
-    // A number with a unit (`1200px`, `64GiB`) is not an id: some letter precedes a digit.
-    let mixed = tok
-        .iter()
-        .position(u8::is_ascii_alphabetic)
-        .is_some_and(|first| tok[first..].iter().any(u8::is_ascii_digit));
-    (digits >= 2 && letters >= 2 && mixed).then_some(n)
+    // A trailing `-` belongs to the text around it.
+    let n = n - trailing_dashes;
+    (n >= 6 && digits >= 2 && letters >= 2 && mixed).then_some(n)
 }
 
 fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {

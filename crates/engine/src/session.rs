@@ -587,13 +587,21 @@ impl Session {
             }
             self.unknown.push(rec.tool);
         }
-        self.judge_user_turn(&rec, k, now);
+        let lifted = self.judge_user_turn(&rec, k, now);
         let w = self.window(now);
         if k >= w.len() {
             // A call set aside by a person's message.
             return Verdict::allow();
         }
         let a = self.allowance;
+        // The call was judged without the calls before a person's message; its outcome just
+        // showed that message changed nothing, so it is judged again with them.
+        let [exact, fuzzy, cycle, interleaved, _] = if lifted && k == 0 {
+            let unknown = self.unknown.contains(&rec.tool);
+            calls::detect(&w, det, a, unknown)
+        } else {
+            [None; 5]
+        };
         let mut cands = [
             results::no_progress(&w, k, &det.no_progress, a),
             results::same_outcome(&w, k, &det.same_outcome),
@@ -601,6 +609,10 @@ impl Session {
                 .map(|d| tool.as_ref().map_or(d, |t| by_name(d, &t.name))),
             results::test_fix(&w, k, &det.test_fix),
             calls::failing_cycle(&w, k, &det.cycle, a),
+            exact,
+            fuzzy,
+            cycle,
+            interleaved,
         ];
         if let Some(t) = tool.as_ref().filter(|t| t.exempt != 0) {
             for d in &mut cands {
@@ -644,25 +656,29 @@ impl Session {
     /// A result of the call at `k` (its record `rec`) arrived: if a person's message set calls
     /// aside and this call repeats one of them, their outcomes say whether the message changed
     /// anything.
-    fn judge_user_turn(&mut self, rec: &Record, k: usize, now: u32) {
+    /// Returns whether the calls set aside count again from now on.
+    fn judge_user_turn(&mut self, rec: &Record, k: usize, now: u32) -> bool {
         if self.user_turn != UserTurn::Pending || !rec.real_result() {
-            return;
+            return false;
         }
         let after = self.seq.wrapping_sub(self.user_seq) as usize;
         if k >= after {
-            return;
+            return false;
         }
         let w = self.full_window(now);
         let before = (after..w.len())
             .filter_map(|i| w.get(i))
             .find(|o| o.exact == rec.exact && o.real_result());
-        if let Some(o) = before {
-            self.user_turn = if rec.same_outcome_as(o) {
-                UserTurn::Open
-            } else {
-                UserTurn::Final
-            };
-        }
+        let Some(o) = before else {
+            return false;
+        };
+        let unchanged = rec.same_outcome_as(o);
+        self.user_turn = if unchanged {
+            UserTurn::Open
+        } else {
+            UserTurn::Final
+        };
+        unchanged
     }
 
     fn on_text(&mut self, t: &Text<'_>) -> Verdict {
@@ -743,7 +759,8 @@ impl Session {
         let retry = user.retry_requests.iter().any(|re| re.is_match(u.text));
         if self.rules.config.time.reset_on_user_message {
             // The calls so far are set aside; their loops keep their escalation unless the
-            // person asked for a retry or for repetitions.
+            // person asked for a retry or for repetitions. A refusal decided on a result is
+            // dropped: the person may have changed what the next call will find.
             self.user_seq = self.seq;
             self.user_turn = if retry || allowance > 0 {
                 self.loops.clear();

@@ -613,7 +613,16 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                     &mut Vec::new(),
                     Some(&mut results),
                 )?;
-                let had_results = !results.is_empty();
+                // A person's message comes after the assistant spoke; one that follows tool
+                // results directly was appended by the host before asking the model again.
+                let after_results = !results.is_empty()
+                    || matches!(
+                        items.last(),
+                        Some(Item {
+                            kind: Kind::Result { .. },
+                            ..
+                        })
+                    );
                 for (id, output, error) in results {
                     push(
                         Kind::Result {
@@ -628,9 +637,9 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                 }
                 let text = texts.join("\n");
                 if !text.trim().is_empty() {
-                    // Text beside tool results is the host's (a reminder, an observation), not
-                    // a person's.
-                    let injected = had_results;
+                    // Text beside or right after tool results is the host's (a reminder, an
+                    // observation, a "continue" prompt), not a person's.
+                    let injected = after_results;
                     push(Kind::User { text, injected }, turn, &mut items);
                 }
             }
@@ -961,6 +970,33 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(t.items[4].line, 4);
+    }
+
+    /// A user-role message right after tool results (or beside them) is the host's; one after
+    /// the assistant spoke is a person's.
+    #[test]
+    fn user_text_right_after_tool_results_is_the_hosts() {
+        let t = parse(
+            r#"[
+{"role":"user","content":"fix it"},
+{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{}"}}]},
+{"role":"tool","tool_call_id":"c1","content":"error"},
+{"role":"user","content":"Observation: error"},
+{"role":"assistant","content":"It failed."},
+{"role":"user","content":"we are going in circles"},
+{"role":"user","content":[{"type":"tool_result","tool_use_id":"c1","content":"x"},{"type":"text","text":"<system-reminder>todo</system-reminder>"}]}
+]"#,
+        )
+        .unwrap();
+        let users: Vec<bool> = t
+            .items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::User { injected, .. } => Some(*injected),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(users, [false, true, false, true]);
     }
 
     #[test]

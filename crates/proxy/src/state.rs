@@ -362,8 +362,13 @@ impl State {
         let hash = xxh3_64(format!("{position}\u{1e}{text}").as_bytes());
         let repeated = book.tail_hash == Some(hash);
         book.tail_hash = Some(hash);
+        let mut after_results = false;
         for m in tail {
             let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+            // A user message right after tool results was appended by the host (a framework's
+            // observation or "continue" prompt), not written by a person: it resets nothing.
+            let host_prompt = role == "user" && after_results;
+            after_results = matches!(role, "tool" | "function");
             match role {
                 "tool" | "function" => {
                     let id = m
@@ -402,7 +407,7 @@ impl State {
                     let v = turn.engine.observe(&Event::User(UserMessage {
                         session: &turn.session,
                         text: &text,
-                        injected: false,
+                        injected: host_prompt,
                         time_ms: now,
                     }));
                     if !v.is_allow() {

@@ -184,6 +184,8 @@ pub fn json_body(status: StatusCode, v: &Value) -> Response {
 /// - `pair`: a `read_file` of a new path and the same `bash` call every turn;
 /// - `text`: a plain answer; `rich`: [`RICH`];
 /// - `explore`: text and a `read_file` of a new path every turn (no loop);
+/// - `converse`: after a tool result, reports the failure in text; otherwise the same `bash`
+///   call (a conversational agent that a person answers every turn);
 /// - `slow`: answers after 5 s; `slowstream`: one text chunk, then silence;
 /// - `garbage`: a 200 that is not JSON; `limited`: a 429 with an OpenAI error.
 pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
@@ -197,6 +199,14 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
             Some("Building."),
             vec![tool_call(&format!("call_{n}"), "bash", BUILD)],
         ),
+        "converse" => {
+            let last = v["messages"].as_array().and_then(|m| m.last()).cloned();
+            if last.is_some_and(|m| m["role"] == "tool") {
+                (Some("The build failed again."), Vec::new())
+            } else {
+                (None, vec![tool_call(&format!("call_{n}"), "bash", BUILD)])
+            }
+        }
         "pair" => (
             None,
             vec![
