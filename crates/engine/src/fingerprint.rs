@@ -39,6 +39,8 @@ pub struct ShellRules {
     pub(crate) file_read_commands: Vec<Box<str>>,
     pub(crate) file_operation_commands: Vec<Box<str>>,
     pub(crate) wait_commands: Vec<Box<str>>,
+    /// `shell.modify_commands`, each as its first word and an optional second word or flag.
+    pub(crate) modify_commands: Vec<(Box<str>, Option<Box<str>>)>,
     pub(crate) complex_operators: Vec<Box<str>>,
     /// The first bytes of the complex operators (bit `b % 64` of word `b / 64`).
     pub(crate) operator_starts: [u64; 4],
@@ -149,6 +151,9 @@ pub struct CallKeys {
     pub test: bool,
     /// The fuzzy key is a file-read key.
     pub file_read: bool,
+    /// A shell command that changes files or the environment (`shell.modify_commands`, or a
+    /// write with `>`).
+    pub modify: bool,
 }
 
 const READ_TOOLS: &[&str] = &[
@@ -486,6 +491,16 @@ impl FingerprintRules {
                 file_read_commands: boxed(&c.shell.file_read_commands),
                 file_operation_commands: boxed(&c.shell.file_operation_commands),
                 wait_commands: boxed(&c.shell.wait_commands),
+                modify_commands: c
+                    .shell
+                    .modify_commands
+                    .iter()
+                    .filter_map(|m| {
+                        let mut w = m.split_whitespace();
+                        let first = w.next()?;
+                        Some((first.into(), w.next().map(Into::into)))
+                    })
+                    .collect(),
                 complex_operators: boxed(&c.shell.complex_operators),
                 operator_starts,
                 empty_operator: c.shell.complex_operators.iter().any(String::is_empty),
@@ -657,6 +672,15 @@ impl FingerprintRules {
             self.shell_keys(tool, cmd, c.text, &mut keys, test_commands);
             return keys;
         }
+        // A command as an argument vector running a shell script (`["bash", "-lc", "…"]`, as
+        // Codex sends it): the script is the command. The keys stay the vector's.
+        if let Some(c) = command
+            && let Some(script) = shell_script(c.value)
+        {
+            keys.test = tool.tests.is_test(script.trim(), test_commands);
+            keys.modify = self.modifies(script);
+            return keys;
+        }
         if only_path && let Some(path) = path {
             keys.fuzzy = self.file_read_key(path);
             keys.file_read = true;
@@ -708,6 +732,7 @@ impl FingerprintRules {
         let untrimmed = cmd.len();
         let cmd = cmd.trim();
         keys.test = tool.tests.is_test(cmd, test_commands);
+        keys.modify = self.modifies(cmd);
         let first = cmd
             .split_whitespace()
             .next()
@@ -862,6 +887,77 @@ impl FingerprintRules {
     }
 }
 
+/// The script of an argument vector that runs a shell (`["bash", "-lc", "cargo test"]`).
+fn shell_script(v: &Value) -> Option<&str> {
+    let items = v.as_array()?;
+    let [shell, flag, script] = items.as_slice() else {
+        return None;
+    };
+    let shell = shell.as_str()?;
+    let shell = shell.rsplit('/').next().unwrap_or(shell);
+    let flag = flag.as_str()?;
+    (matches!(shell, "bash" | "sh" | "zsh" | "dash") && flag.starts_with('-') && flag.contains('c'))
+        .then(|| script.as_str())
+        .flatten()
+}
+
+impl FingerprintRules {
+    /// Whether a shell command changes files or the environment: one of its commands (the
+    /// first word of the command line or after `&&`, `||`, `;`, `|`, a newline or `(`, past
+    /// `sudo` and `VAR=value` words) is in `shell.modify_commands`, or it writes to a file
+    /// with `>` / `>>` (not `/dev/…`, not `>&`).
+    fn modifies(&self, cmd: &str) -> bool {
+        let list = &self.shell.modify_commands;
+        let b = cmd.as_bytes();
+        // Writes with `>`.
+        let mut i = 0;
+        while let Some(off) = b[i..].iter().position(|&c| c == b'>') {
+            let at = i + off;
+            let mut j = at + 1;
+            if b.get(j) == Some(&b'>') {
+                j += 1;
+            }
+            let quoted_arrow = at > 0 && matches!(b[at - 1], b'-' | b'=' | b'<');
+            if b.get(j) != Some(&b'&') && !quoted_arrow {
+                while b.get(j) == Some(&b' ') {
+                    j += 1;
+                }
+                let target = &b[j..];
+                if !target.is_empty()
+                    && !target.starts_with(b"/dev/")
+                    && !target.starts_with(b"&")
+                    && !target[0].is_ascii_whitespace()
+                {
+                    return true;
+                }
+            }
+            i = j.max(at + 1);
+        }
+        if list.is_empty() {
+            return false;
+        }
+        cmd.split(['\n', ';', '|', '&', '(']).any(|segment| {
+            let mut words = segment
+                .split_whitespace()
+                .skip_while(|w| *w == "sudo" || (w.contains('=') && !w.starts_with('-')));
+            let Some(first) = words.next() else {
+                return false;
+            };
+            let first = first.rsplit('/').next().unwrap_or(first);
+            list.iter().any(|(w, second)| {
+                **w == *first
+                    && match second.as_deref() {
+                        None => true,
+                        Some(flag) if flag.starts_with('-') => {
+                            words.clone().take(8).any(|r| r.starts_with(flag))
+                        }
+                        Some(sub) => words.clone().next() == Some(sub),
+                    }
+            })
+        })
+    }
+}
+
 /// A path with nothing for [`FingerprintRules::canonical_path`] to change (whitespace aside).
 fn clean_path(s: &str) -> bool {
     !s.contains('\\') && !s.contains("//") && !s.starts_with("./")
@@ -988,6 +1084,38 @@ mod tests {
         // Paging a read tool is not a plain read.
         let paged = keys("read_file", &json!({"path": "src/main.rs", "offset": 100}));
         assert_ne!(paged.fuzzy, read.fuzzy);
+    }
+
+    /// Codex edits with `apply_patch` run by its shell tool, as an argument vector: the tests
+    /// it re-ran after each patch looked like the same failing call again.
+    #[test]
+    fn shell_commands_that_change_files_are_recognized() {
+        let modifies = |cmd: &str| keys("bash", &json!({ "command": cmd })).modify;
+        for cmd in [
+            "apply_patch <<'EOF'\n*** Begin Patch\nEOF",
+            "cd /repo && git apply fix.diff",
+            "sed -i 's/a/b/' src/lib.rs",
+            "cat > notes.md <<EOF\nhi\nEOF",
+            "echo x >> log.txt",
+            "sudo pip install requests",
+            "FOO=1 npm install left-pad",
+        ] {
+            assert!(modifies(cmd), "{cmd}");
+        }
+        for cmd in [
+            "cargo test 2>&1 | tail",
+            "ls -la > /dev/null",
+            "git status",
+            "grep -n 'x => y' src/a.rs",
+            "sed 's/a/b/' src/lib.rs",
+            "pip list",
+        ] {
+            assert!(!modifies(cmd), "{cmd}");
+        }
+        let codex = |script: &str| keys("shell", &json!({"command": ["bash", "-lc", script]}));
+        assert!(codex("apply_patch <<'EOF'\nx\nEOF").modify);
+        assert!(codex("cargo test").test);
+        assert!(!codex("cargo test").modify);
     }
 
     /// A cache-busting query parameter made every poll of one URL a new call.

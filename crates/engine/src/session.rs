@@ -384,7 +384,10 @@ impl Session {
             (keys.test, flag::TEST),
             (keys.file_op, flag::FILE_OP),
             (tool.keys.shell, flag::SHELL),
-            (tool.modifies && !read_only(&c.arguments), flag::MODIFY),
+            (
+                keys.modify || (tool.modifies && !read_only(&c.arguments)),
+                flag::MODIFY,
+            ),
         ] {
             if on {
                 flags |= f;

@@ -1179,3 +1179,30 @@ fn a_tools_entry_moves_a_tool_to_another_category() {
         "{at} {rule}"
     );
 }
+
+/// Codex patches files with `apply_patch` through its shell tool; the same failing test run
+/// after each successful patch is a new attempt, not a repeat (until the same failure has
+/// survived five patches: then it is `test_fix`'s edit-and-test loop).
+#[test]
+fn test_runs_after_shell_patches_are_progress() {
+    let mut h = H::default();
+    let test = json!({"command": ["bash", "-lc", "cargo test -q"], "workdir": "/repo"});
+    for i in 0..4 {
+        let (c, r) = h.run(
+            "shell",
+            test.clone(),
+            "error[E0308]: mismatched types",
+            true,
+        );
+        assert!(c.is_allow() && r.is_allow(), "{i}: {c:?} {r:?}");
+        let patch = format!(
+            "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: src/lib.rs\n-v{i}\n+x\n*** End Patch\nEOF"
+        );
+        h.run(
+            "shell",
+            json!({"command": ["bash", "-lc", patch], "workdir": "/repo"}),
+            "Success. Updated the following files:\nM src/lib.rs",
+            false,
+        );
+    }
+}

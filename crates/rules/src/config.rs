@@ -261,6 +261,8 @@ pub struct Shell {
     pub file_read_commands: Vec<String>,
     pub file_operation_commands: Vec<String>,
     pub wait_commands: Vec<String>,
+    /// Commands that change files or the environment (`git apply`, `sed -i`, `pip install`).
+    pub modify_commands: Vec<String>,
     pub complex_operators: Vec<String>,
 }
 
@@ -744,6 +746,7 @@ impl Config {
                 file_read_commands: strs(shell, "file_read_commands"),
                 file_operation_commands: strs(shell, "file_operation_commands"),
                 wait_commands: strs(shell, "wait_commands"),
+                modify_commands: strs(shell, "modify_commands"),
                 complex_operators: strs(shell, "complex_operators"),
             },
             results: Results {

@@ -639,6 +639,14 @@ const SHELL: &[Field] = &[
         "commands that wait (`sleep 30`): repeating them is not a loop",
     ),
     f(
+        "modify_commands",
+        STRS,
+        Some(
+            r#"[apply_patch, patch, tee, mv, cp, rm, mkdir, touch, ln, chmod, "sed -i", "perl -i", "git apply", "git am", "git checkout", "git restore", "git switch", "git reset", "git stash", "git commit", "git merge", "git rebase", "git cherry-pick", "git revert", "git pull", "git mv", "git rm", "npm install", "npm i", "npm ci", "npm uninstall", "pnpm install", "pnpm add", "yarn add", "yarn install", "pip install", "pip3 install", "pip uninstall", "uv add", "uv pip", "poetry add", "cargo add", "cargo fix", "cargo fmt", "go get", "go mod"]"#,
+        ),
+        "shell commands that change files or the environment (a first word, or a first word and the next word or a flag); a successful one, or a command writing to a file with `>`, is progress like a write tool's call",
+    ),
+    f(
         "complex_operators",
         STRS,
         Some(r#"['|', '>', '<', ';', '&&', '||', '$(', '`']"#),
