@@ -622,9 +622,14 @@ impl Session {
                 *d = d.filter(|d| t.watched_by(d.det));
             }
         }
+        // Plugins see the engine's judgement of failure (error patterns included).
+        let judged = ToolResult {
+            is_error: outcome.error,
+            ..*r
+        };
         let hits = rules
             .plugins
-            .on_result(r, tool.as_deref(), &rec, outcome.digest, &w);
+            .on_result(&judged, tool.as_deref(), &rec, outcome.digest, &w);
         let seq = self.seq.wrapping_sub(k as u32);
         let verdict = self.escalate(&rules, &cands, hits, category, u64::from(seq), None, now);
         if verdict.action != Action::Block {
