@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use loopguard_tests::{LOOPGUARD_ENV, loopctl, root};
+use loopguard_tests::{LOOPGUARD_ENV, loopctl, plugin_path, root};
 use serde_json::Value;
 
 fn corpus() -> PathBuf {
@@ -175,4 +175,35 @@ fn simulate_agrees_with_every_corpus_label() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The `similarity` and `results` plugins, switched on over the default policy, raise no false
+/// alarm on the corpus and miss nothing it catches.
+#[test]
+fn the_heavier_plugins_add_no_false_alarm_over_the_default_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("with-plugins.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version: 1\nname: with-plugins\nextends: {}\nplugins:\n  - path: {}\n  - path: {}\n",
+            root().join("rules/default.yaml").display(),
+            plugin_path("loopguard-plugin-similarity").display(),
+            plugin_path("loopguard-plugin-results").display(),
+        ),
+    )
+    .unwrap();
+    let out = command()
+        .args(["test", "--rules"])
+        .arg(&policy)
+        .arg(corpus())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

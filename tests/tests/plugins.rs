@@ -63,18 +63,42 @@ fn result(engine: &Engine, id: &str, output: &str, is_error: bool) -> Verdict {
     }))
 }
 
-const QUERIES: [&str; 4] = ["foo", "fo0", "f00", "foo "];
+const QUERIES: [&str; 4] = [
+    "def parse_config",
+    "def parse_configs",
+    "def  parse_config(",
+    "def parse_conf",
+];
 
-/// `search` with typo-level changes; each result differs. Returns the call verdicts.
+/// The same failure of the index, whatever the query.
+const INDEX_DOWN: &str = "Error: search index is rebuilding, query rejected";
+
+/// `search` with typo-level changes, each failing the same way, with a successful read of a
+/// different note between them (so no built-in detector sees a loop: no two calls are the
+/// same, no failures in a row, no cycle of identical steps). Returns the verdicts on the
+/// searches' results.
 fn near_identical_searches(engine: &Engine) -> Vec<Verdict> {
     QUERIES
         .iter()
         .enumerate()
         .map(|(i, q)| {
-            let id = format!("c{}", i + 1);
-            let v = call(engine, &id, "search", json!({ "query": q }));
-            result(engine, &id, &format!("1 result: notes/{q}-{i}.md"), false);
-            v
+            let id = format!("c{}", 2 * i + 1);
+            call(engine, &id, "search", json!({ "query": q }));
+            let r = result(engine, &id, INDEX_DOWN, true);
+            let read = format!("c{}", 2 * i + 2);
+            call(
+                engine,
+                &read,
+                "read_file",
+                json!({ "path": format!("notes/{i}.md") }),
+            );
+            result(
+                engine,
+                &read,
+                &format!("note {i}: plans for week {i}"),
+                false,
+            );
+            r
         })
         .collect()
 }
@@ -143,25 +167,39 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
 
 #[test]
 fn similarity_catches_near_identical_arguments_that_the_built_in_detectors_miss() {
+    // (`error_cascade`, one tool failing again and again, catches the 4th failure on its own.)
     let without = near_identical_searches(&Engine::from_policy(&policy("  []\n")));
-    assert!(without.iter().all(Verdict::is_allow), "{without:?}");
+    assert!(without[..3].iter().all(Verdict::is_allow), "{without:?}");
 
-    let engine = engine(&entry("loopguard-plugin-similarity", ""));
+    let similarity = entry("loopguard-plugin-similarity", "");
+    let fresh = engine(&similarity);
+    let engine = engine(&similarity);
     let verdicts = near_identical_searches(&engine);
     assert!(verdicts[..2].iter().all(Verdict::is_allow), "{verdicts:?}");
-    let hit = verdicts.last().unwrap();
+    // The third failing search, judged when its result arrives.
+    let hit = &verdicts[2];
     assert_eq!(hit.action, Action::Warn, "{hit:?}");
     assert_eq!(hit.detector.as_deref(), Some("similarity"));
     assert_eq!(hit.rule.as_deref(), Some("ladders.default[0]"));
-    assert!(hit.count >= 3, "{hit:?}");
+    assert_eq!(hit.count, 3, "{hit:?}");
     assert!(hit.message.contains("search("), "{}", hit.message);
     assert_eq!(hit.calls.len(), 1, "the call the event is about");
-    assert_eq!(hit.calls[0].call_id, "c4");
+    assert_eq!(hit.calls[0].call_id, "c5");
 
-    // The loop goes on: the same ladder climbs, as for a built-in detector.
-    let next = call(&engine, "c5", "search", json!({"query": "fo"}));
-    assert_eq!(next.action, Action::Block, "{next:?}");
-    assert_eq!(next.detector.as_deref(), Some("similarity"));
+    // The loop goes on: the same ladder climbs, as for a built-in detector (decided on a
+    // result, the refusal is announced for the next search).
+    let next = &verdicts[3];
+    assert_eq!(next.detector.as_deref(), Some("similarity"), "{next:?}");
+    assert!(next.message.contains("will be refused"), "{}", next.message);
+
+    // Near-identical searches with new results each time are work, not a loop.
+    let engine2 = fresh;
+    for (i, q) in QUERIES.iter().enumerate() {
+        let id = format!("c{}", i + 1);
+        assert!(call(&engine2, &id, "search", json!({ "query": q })).is_allow());
+        let r = result(&engine2, &id, &format!("1 result: notes/{q}-{i}.md"), false);
+        assert!(r.is_allow(), "{r:?}");
+    }
 }
 
 #[test]
@@ -187,8 +225,11 @@ fn the_policy_names_the_plugin_and_chooses_its_ladder() {
     ));
     assert_eq!(engine.plugins()[0].name(), "near-duplicate");
     assert_eq!(engine.plugins()[0].plugin().name(), "similarity");
-    let hit = near_identical_searches(&engine).pop().unwrap();
-    assert_eq!(hit.action, Action::Block, "{hit:?}");
+    let hit = near_identical_searches(&engine).swap_remove(2);
+    // `break` refuses at the first detection; decided on a result, the refusal is the next
+    // search's, and this verdict announces it.
+    assert_eq!(hit.action, Action::Warn, "{hit:?}");
+    assert!(hit.message.contains("will be refused"), "{}", hit.message);
     assert_eq!(hit.detector.as_deref(), Some("near-duplicate"));
     assert_eq!(hit.rule.as_deref(), Some("ladders.break[0]"));
 }
@@ -202,8 +243,8 @@ fn a_panicking_plugin_is_poisoned_and_the_engine_keeps_working() {
         entry("loopguard-plugin-panicky", ""),
         entry("loopguard-plugin-similarity", "")
     ));
+    let first = call(&engine, "c0", "read_file", json!({"path": "README.md"}));
     let verdicts = near_identical_searches(&engine);
-    let first = &verdicts[0];
     assert!(first.is_allow(), "{first:?}");
     assert_eq!(first.notes.len(), 1, "{first:?}");
     let note = &first.notes[0];
@@ -212,11 +253,11 @@ fn a_panicking_plugin_is_poisoned_and_the_engine_keeps_working() {
     assert!(note.message.contains("panicked"), "{}", note.message);
     assert!(engine.plugins()[0].is_poisoned());
     assert!(
-        verdicts[1..].iter().all(|v| v.notes.is_empty()),
+        verdicts.iter().all(|v| v.notes.is_empty()),
         "the note comes once: {verdicts:?}"
     );
     // The other plugin still runs...
-    assert_eq!(verdicts[3].detector.as_deref(), Some("similarity"));
+    assert_eq!(verdicts[2].detector.as_deref(), Some("similarity"));
     // ...and so do the built-in detectors.
     let bash: Vec<Verdict> = (10..13)
         .map(|i| {
@@ -533,7 +574,7 @@ fn simulate_shows_plugin_detections_where_the_built_in_detectors_stay_silent() {
         .collect();
     assert_eq!(
         first,
-        [("similarity", "call", 11), ("results", "result", 10)]
+        [("similarity", "result", 15), ("results", "result", 10)]
     );
     assert_eq!(found[0]["action"], "warn");
     assert_eq!(found[0]["tool"], "search");

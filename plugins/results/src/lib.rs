@@ -21,14 +21,16 @@
 //! results, coming from at least two different calls (exact repeats of one call are the built-in
 //! detectors' business), the plugin reports a detection whose key is the group's.
 //!
-//! Tools whose normal answer is a fixed acknowledgement (`ok`, an empty string from a write) will
-//! look like loops: list them in `ignore_tools`.
+//! By default (`failures_only`) only failed or empty results are counted: a fixed
+//! acknowledgement (`ok`, "The file has been updated") repeats in healthy work. With
+//! `failures_only: false`, list tools whose normal answer is such an acknowledgement in
+//! `ignore_tools`.
 //!
 //! # Bounded cost
 //!
 //! Only the first `max_bytes` bytes of an output are read (default 64 KiB), so the time per
 //! event is linear in `min(output, max_bytes)` plus `window` sketch comparisons. Memory per
-//! session is `window` entries of 96 bytes, whatever the outputs' sizes, for at most
+//! session is `window` entries of 104 bytes, whatever the outputs' sizes, for at most
 //! `max_sessions` sessions (the least recently seen is forgotten first).
 //!
 //! # Configuration
@@ -42,6 +44,7 @@
 //! | `max_bytes`    | 65536   | bytes of each output that are read                          |
 //! | `max_sessions` | 1024    | sessions remembered at once                                 |
 //! | `ignore_tools` | `[]`    | tools whose results are never compared                      |
+//! | `failures_only`| true    | count only failed or empty results (successes repeat legitimately) |
 
 use std::collections::VecDeque;
 
@@ -61,6 +64,9 @@ pub struct Config {
     pub max_bytes: usize,
     pub max_sessions: usize,
     pub ignore_tools: Vec<String>,
+    /// Count only failed or empty results (successful answers repeat legitimately: `ok`,
+    /// "The file has been updated").
+    pub failures_only: bool,
 }
 
 impl Default for Config {
@@ -73,6 +79,7 @@ impl Default for Config {
             max_bytes: 64 * 1024,
             max_sessions: 1024,
             ignore_tools: Vec::new(),
+            failures_only: true,
         }
     }
 }
@@ -100,6 +107,9 @@ impl Config {
         }
         if let Some(v) = config.get("mask_numbers").and_then(Value::as_bool) {
             c.mask_numbers = v;
+        }
+        if let Some(v) = config.get("failures_only").and_then(Value::as_bool) {
+            c.failures_only = v;
         }
         if let Some(tools) = config.get("ignore_tools").and_then(Value::as_array) {
             c.ignore_tools = tools
@@ -420,6 +430,8 @@ struct Entry {
     call: u64,
     group: u64,
     sketch: Sketch,
+    /// A failed or empty result.
+    bad: bool,
 }
 
 #[derive(Debug, Default)]
@@ -475,14 +487,27 @@ impl Results {
         if session.entries.len() >= window {
             session.entries.pop_front();
         }
+        let bad = ev.is_error
+            || ev.exit_code.is_some_and(|c| c != 0)
+            || matches!(
+                normalized.trim(),
+                "" | "[]" | "{}" | "null" | "none" | "No matches found." | "No matches found"
+            );
         session.entries.push_back(Entry {
             tool,
             call,
             group,
             sketch,
+            bad,
         });
-
-        let members = session.entries.iter().filter(|e| e.group == group);
+        if self.config.failures_only && !bad {
+            return None;
+        }
+        let failures_only = self.config.failures_only;
+        let members = session
+            .entries
+            .iter()
+            .filter(|e| e.group == group && (e.bad || !failures_only));
         let count = members.clone().count();
         // Calls the host could not identify (0) count as different ones.
         let different_calls = members.clone().any(|e| e.call == 0 || e.call != call);
@@ -555,6 +580,10 @@ impl Detector for Results {
                 "ignore_tools": {
                     "type": "array", "items": { "type": "string" }, "default": [],
                     "description": "tools whose results are never compared"
+                },
+                "failures_only": {
+                    "type": "boolean", "default": true,
+                    "description": "count only failed or empty results; successful answers repeat legitimately"
                 }
             }
         })
@@ -688,6 +717,30 @@ mod tests {
         assert!(a.similarity(&c) < 0.2);
     }
 
+    /// A fixed acknowledgement from different calls ("The file has been updated.") is healthy
+    /// work; counted only when `failures_only` is off.
+    #[test]
+    fn successful_answers_are_not_counted_by_default() {
+        let mut d = detector();
+        for i in 0..6 {
+            assert!(
+                d.on_event(&result("edit", "The file has been updated.", i + 1))
+                    .is_none()
+            );
+        }
+        let mut d = Results::new(serde_json::json!({"failures_only": false})).unwrap();
+        let hits: Vec<_> = (0..3)
+            .map(|i| d.on_event(&result("edit", "The file has been updated.", i + 1)))
+            .collect();
+        assert!(hits[2].is_some(), "{hits:?}");
+        // Empty results count as failures.
+        let mut d = detector();
+        let hits: Vec<_> = (0..3)
+            .map(|i| d.on_event(&result("grep", "No matches found.", i + 1)))
+            .collect();
+        assert!(hits[2].is_some(), "{hits:?}");
+    }
+
     #[test]
     fn ignored_tools_are_skipped() {
         let mut d = Results::new(serde_json::json!({"ignore_tools": ["write"]})).unwrap();
@@ -707,7 +760,7 @@ mod tests {
         }
         let s = d.sessions.peek("s").unwrap();
         assert_eq!(s.entries.len(), 4);
-        assert_eq!(std::mem::size_of::<Entry>(), 96, "the documented bound");
+        assert_eq!(std::mem::size_of::<Entry>(), 104, "the documented bound");
     }
 
     #[test]

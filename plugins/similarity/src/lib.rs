@@ -15,9 +15,12 @@
 //! - numbers, booleans, null: equal or not.
 //!
 //! A call at least `threshold` similar to an earlier one joins that call's group (single linkage,
-//! so a drifting retry `foo` → `fo0` → `f00` stays one group). When a group holds `min_count`
-//! calls within the last `window` calls of the session, and they are not all exact repeats (those
-//! are the built-in detectors' business), the plugin reports a detection whose key is the group's.
+//! so a drifting retry `foo` → `fo0` → `f00` stays one group). When a result arrives and its
+//! call's group holds `min_count` calls within the last `window` calls of the session whose
+//! outcomes show no progress (the same result digest: for failures, the same error), and they are
+//! not all exact repeats (those are the built-in detectors' business), the plugin reports a
+//! detection whose key is the group's. Near-identical arguments with new results (the next file,
+//! the next page) are work, not a loop.
 //!
 //! # Bounded cost
 //!
@@ -40,6 +43,7 @@
 //! | `window`       | 10      | how many recent calls of the session are looked at |
 //! | `max_chars`    | 256     | characters kept per string                        |
 //! | `max_sessions` | 1024    | sessions remembered at once                       |
+//! | `failures_only`| true    | count only calls whose results failed             |
 
 use std::collections::VecDeque;
 
@@ -57,6 +61,9 @@ pub struct Config {
     pub window: usize,
     pub max_chars: usize,
     pub max_sessions: usize,
+    /// Count only calls whose results failed (near-identical successful calls are usually the
+    /// next item of a batch).
+    pub failures_only: bool,
 }
 
 impl Default for Config {
@@ -67,6 +74,7 @@ impl Default for Config {
             window: 10,
             max_chars: 256,
             max_sessions: 1024,
+            failures_only: true,
         }
     }
 }
@@ -92,6 +100,9 @@ impl Config {
         c.window = usize_of("window", c.window)?;
         c.max_chars = usize_of("max_chars", c.max_chars)?;
         c.max_sessions = usize_of("max_sessions", c.max_sessions)?;
+        if let Some(v) = config.get("failures_only").and_then(Value::as_bool) {
+            c.failures_only = v;
+        }
         if !(c.threshold > 0.0 && c.threshold <= 1.0) {
             return Err(format!(
                 "`threshold` must be in (0, 1], got {}",
@@ -254,6 +265,15 @@ fn similarity(a: &Sketch, b: &Sketch) -> f64 {
     }
 }
 
+/// The first 80 characters of `args`, with `…` when cut.
+fn preview(args: &str) -> String {
+    let mut p: String = args.chars().take(80).collect();
+    if args.chars().nth(80).is_some() {
+        p.push('…');
+    }
+    p
+}
+
 /// FNV-1a, then a finalizer: a stable 64-bit hash.
 fn hash(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -277,6 +297,22 @@ struct Entry {
     exact: u64,
     group: u64,
     args: Sketch,
+    /// Hash of the host's call id, to find the call when its result arrives.
+    call: u64,
+    /// The first 80 characters of the arguments, for the message.
+    preview: String,
+    /// The call's outcome once its result arrived: the engine's result digest, and whether it
+    /// failed.
+    outcome: Option<(u64, bool)>,
+}
+
+impl Entry {
+    /// No progress between the two outcomes: the same result (for failures, the engine's
+    /// digest is the error's signature, so the same error), and failed alike.
+    fn same_outcome(&self, digest: u64, failed: bool) -> bool {
+        self.outcome
+            .is_some_and(|(d, f)| d == digest && f == failed)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -335,30 +371,54 @@ impl Similarity {
             exact,
             group,
             args,
+            call: hash(&[ev.call_id.as_bytes()]),
+            preview: preview(ev.arguments),
+            outcome: None,
         });
+        None
+    }
 
-        let members = session.entries.iter().filter(|e| e.group == group);
+    /// A result arrived: its call's group is a loop when `min_count` of its calls (this one
+    /// included) had no progress between their outcomes. Near-identical arguments with new
+    /// results (the next file, the next page, the next function) are work, not a loop.
+    fn on_result(&mut self, ev: &Event<'_>) -> Option<Detection> {
+        let config = self.config.clone();
+        let call = hash(&[ev.call_id.as_bytes()]);
+        let session = self.sessions.get(ev.session);
+        let failed = ev.is_error || ev.exit_code.is_some_and(|c| c != 0);
+        let digest = if ev.result_digest != 0 {
+            ev.result_digest
+        } else {
+            hash(&[ev.result.as_bytes()])
+        };
+        let entry = session.entries.iter_mut().rev().find(|e| e.call == call)?;
+        entry.outcome = Some((digest, failed));
+        let shown = entry.preview.clone();
+        if config.failures_only && !failed {
+            return None;
+        }
+        let (group, exact) = (entry.group, entry.exact);
+        let members = session
+            .entries
+            .iter()
+            .filter(|e| e.group == group && e.same_outcome(digest, failed));
         let count = members.clone().count();
         let all_exact_repeats = members.clone().all(|e| e.exact == exact);
         if count < config.min_count || all_exact_repeats {
             return None;
         }
-        let preview: String = ev.arguments.chars().take(80).collect();
-        let ellipsis = if ev.arguments.chars().nth(80).is_some() {
-            "…"
-        } else {
-            ""
-        };
+
         Some(Detection {
             count: u32::try_from(count).unwrap_or(u32::MAX),
             key: group,
             message: format!(
-                "`{}` was called {count} times with near-identical arguments in the last {} calls; \
-                 changing the arguments slightly will not give a different result",
+                "`{}` was called {count} times with near-identical arguments and the same outcome \
+                 in the last {} calls; changing the arguments slightly will not give a different \
+                 result",
                 ev.tool,
                 session.entries.len()
             ),
-            pattern: format!("{}({preview}{ellipsis}) ≈ ×{count}", ev.tool),
+            pattern: format!("{}({shown}) ≈ ×{count}", ev.tool),
         })
     }
 }
@@ -398,6 +458,10 @@ impl Detector for Similarity {
                 "max_sessions": {
                     "type": "integer", "minimum": 1, "default": 1024,
                     "description": "sessions remembered at once"
+                },
+                "failures_only": {
+                    "type": "boolean", "default": true,
+                    "description": "count only calls whose results failed"
                 }
             }
         })
@@ -410,6 +474,7 @@ impl Detector for Similarity {
     fn on_event(&mut self, ev: &Event<'_>) -> Option<Detection> {
         match ev.kind {
             EventKind::Call => self.on_call(ev),
+            EventKind::Result => self.on_result(ev),
             EventKind::Reset => {
                 self.sessions.remove(ev.session);
                 None
@@ -433,24 +498,71 @@ mod tests {
         ev
     }
 
+    /// The call `id`'s result: `digest` stands for its outcome.
+    fn result<'a>(tool: &'a str, id: &'a str, digest: u64, failed: bool) -> Event<'a> {
+        let mut ev = Event::new(EventKind::Result, "s");
+        ev.tool = tool;
+        ev.call_id = id;
+        ev.result_digest = digest;
+        ev.is_error = failed;
+        ev
+    }
+
+    /// Calls with `queries`, each answered by `outcome(i)` = (digest, failed); the verdicts on
+    /// the results.
+    fn searches(
+        d: &mut Similarity,
+        queries: &[&str],
+        outcome: impl Fn(usize) -> (u64, bool),
+    ) -> Vec<Option<Detection>> {
+        let ids: Vec<String> = (0..queries.len()).map(|i| format!("c{i}")).collect();
+        queries
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                let args = format!(r#"{{"query":"{q}"}}"#);
+                let mut c = call("search", &args, i as u64 + 1);
+                c.call_id = &ids[i];
+                assert!(
+                    d.on_event(&c).is_none(),
+                    "calls are judged by their results"
+                );
+                let (digest, failed) = outcome(i);
+                d.on_event(&result("search", &ids[i], digest, failed))
+            })
+            .collect()
+    }
+
     fn detector() -> Similarity {
         Similarity::new(Value::Null).unwrap()
     }
 
     #[test]
-    fn near_identical_strings_make_a_loop() {
+    fn near_identical_strings_failing_alike_make_a_loop() {
         let mut d = detector();
-        let mut hits = Vec::new();
-        for (i, q) in ["foo", "fo0", "f00", "foo "].iter().enumerate() {
-            let args = format!(r#"{{"query":"{q}"}}"#);
-            hits.push(d.on_event(&call("search", &args, i as u64 + 1)));
-        }
+        let hits = searches(&mut d, &["foo", "fo0", "f00", "foo "], |_| (42, true));
         assert!(hits[0].is_none() && hits[1].is_none());
         let last = hits[3].as_ref().expect("the fourth call is a loop");
         assert!(last.count >= 3, "{last:?}");
         assert!(last.message.contains("`search`"), "{}", last.message);
         let keys: Vec<u64> = hits.iter().flatten().map(|d| d.key).collect();
         assert!(keys.windows(2).all(|w| w[0] == w[1]), "one loop, one key");
+    }
+
+    /// Near-identical calls whose results are new (the next file, another error) are work.
+    #[test]
+    fn near_identical_strings_with_new_outcomes_are_not_a_loop() {
+        let mut d = detector();
+        let hits = searches(&mut d, &["foo", "fo0", "f00", "foo "], |i| (i as u64, true));
+        assert!(hits.iter().all(Option::is_none), "{hits:?}");
+        // Successes are not counted by default.
+        let mut d = detector();
+        let hits = searches(&mut d, &["foo", "fo0", "f00", "foo "], |_| (42, false));
+        assert!(hits.iter().all(Option::is_none), "{hits:?}");
+        // Unless asked to.
+        let mut d = Similarity::new(serde_json::json!({"failures_only": false})).unwrap();
+        let hits = searches(&mut d, &["foo", "fo0", "f00", "foo "], |_| (42, false));
+        assert!(hits[3].is_some(), "{hits:?}");
     }
 
     #[test]
