@@ -74,6 +74,26 @@ fn call<'a>(tool: &'a str, args: &'a str, exact: u64) -> EventView<'a> {
         .fingerprints(exact, exact ^ 0xf00d)
 }
 
+/// The call `id` and its failed result with outcome digest `digest`, as the engine sends them;
+/// returns what the plugin said about each.
+fn failing_call(
+    plugin: &loopguard_plugin_host::Plugin,
+    id: &str,
+    tool: &str,
+    args: &str,
+    exact: u64,
+    digest: u64,
+) -> (Outcome, Outcome) {
+    let c = plugin.on_event(&call(tool, args, exact).call_id(id));
+    let r = EventView::new(EventKind::Result, "session-1", exact * 1000 + 1)
+        .call_id(id)
+        .tool(tool)
+        .fingerprints(exact, exact ^ 0xf00d)
+        .result("Error: index unavailable", true, None)
+        .result_digest(digest);
+    (c, plugin.on_event(&r))
+}
+
 #[test]
 fn noop_loads_and_never_detects() {
     let plugin = load("loopguard-plugin-noop", Value::Null);
@@ -113,24 +133,16 @@ fn noop_is_shared_between_threads() {
 fn loading_twice_gives_two_independent_instances() {
     let a = load("loopguard-plugin-similarity", json!({"min_count": 2}));
     let b = load("loopguard-plugin-similarity", json!({"min_count": 2}));
-    assert_eq!(
-        a.on_event(&call("s", r#"{"q":"foo"}"#, 1)),
-        Outcome::NoDetection
-    );
-    assert!(matches!(
-        a.on_event(&call("s", r#"{"q":"fo0"}"#, 2)),
-        Outcome::Detection { .. }
-    ));
-    assert_eq!(
-        b.on_event(&call("s", r#"{"q":"fo0"}"#, 2)),
-        Outcome::NoDetection
-    );
+    let (c, r) = failing_call(&a, "c1", "s", r#"{"q":"foo"}"#, 1, 7);
+    assert_eq!((c, r), (Outcome::NoDetection, Outcome::NoDetection));
+    let (_, r) = failing_call(&a, "c2", "s", r#"{"q":"fo0"}"#, 2, 7);
+    assert!(matches!(r, Outcome::Detection { .. }), "{r:?}");
+    let (_, r) = failing_call(&b, "c2", "s", r#"{"q":"fo0"}"#, 2, 7);
+    assert_eq!(r, Outcome::NoDetection);
     drop(a);
     // `b` is alive after `a` was destroyed, and saw only its own call.
-    assert_eq!(
-        b.on_event(&call("s", r#"{"q":"something unrelated"}"#, 3)),
-        Outcome::NoDetection
-    );
+    let (_, r) = failing_call(&b, "c3", "s", r#"{"q":"something unrelated"}"#, 3, 7);
+    assert_eq!(r, Outcome::NoDetection);
 }
 
 // A panic inside a plugin must not cross into the host; the plugin is then skipped for good.
@@ -204,8 +216,12 @@ fn similarity_sees_near_identical_arguments() {
     let mut outcomes = Vec::new();
     for (i, q) in ["foo", "fo0", "f00", "foo "].iter().enumerate() {
         let args = format!(r#"{{"query":"{q}"}}"#);
-        // Every call has its own exact fingerprint: exact matching sees no repeat.
-        outcomes.push(plugin.on_event(&call("search", &args, 100 + i as u64)));
+        // Every call has its own exact fingerprint: exact matching sees no repeat. Each fails
+        // the same way; the plugin judges the call when its result arrives.
+        let id = format!("c{i}");
+        let (c, r) = failing_call(&plugin, &id, "search", &args, 100 + i as u64, 42);
+        assert_eq!(c, Outcome::NoDetection);
+        outcomes.push(r);
     }
     assert_eq!(outcomes[0], Outcome::NoDetection);
     match outcomes.last().unwrap() {

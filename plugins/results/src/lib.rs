@@ -51,6 +51,28 @@ use std::collections::VecDeque;
 use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, Sessions, export_plugin};
 use serde_json::Value;
 
+/// An empty answer: nothing, an empty container, or a short "no results" sentence.
+fn empty(normalized: &str) -> bool {
+    let t = normalized.trim().trim_end_matches('.').to_ascii_lowercase();
+    if t.len() > 64 {
+        return false;
+    }
+    matches!(
+        t.as_str(),
+        "" | "[]" | "{}" | "null" | "none" | "nothing found" | "not found"
+    ) || [
+        "no results",
+        "no matches",
+        "no files",
+        "no entries",
+        "no items",
+        "0 results",
+        "0 matches",
+    ]
+    .iter()
+    .any(|p| t.starts_with(p))
+}
+
 /// MinHash slots per sketch.
 pub const SLOTS: usize = 16;
 
@@ -487,12 +509,7 @@ impl Results {
         if session.entries.len() >= window {
             session.entries.pop_front();
         }
-        let bad = ev.is_error
-            || ev.exit_code.is_some_and(|c| c != 0)
-            || matches!(
-                normalized.trim(),
-                "" | "[]" | "{}" | "null" | "none" | "No matches found." | "No matches found"
-            );
+        let bad = ev.is_error || ev.exit_code.is_some_and(|c| c != 0) || empty(&normalized);
         session.entries.push_back(Entry {
             tool,
             call,
