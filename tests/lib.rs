@@ -113,6 +113,16 @@ pub fn loopctl() -> assert_cmd::Command {
     cmd
 }
 
+/// [`loopctl`] without the caller's [`LOOPGUARD_ENV`] variables, so only the built-in default
+/// policy (or the test's `--rules`) decides.
+pub fn loopctl_clean() -> assert_cmd::Command {
+    let mut cmd = loopctl();
+    for var in LOOPGUARD_ENV {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
 /// The shared library of a plugin package, freshly built.
 pub fn plugin_path(package: &str) -> PathBuf {
     let file = format!(

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use loopguard_tests::{LOOPGUARD_ENV, loopctl, plugin_path, root};
+use loopguard_tests::{loopctl_clean as command, plugin_path, root};
 use serde_json::Value;
 
 fn corpus() -> PathBuf {
@@ -31,15 +31,6 @@ fn cases() -> Vec<(PathBuf, Value)> {
         .collect();
     found.sort_by(|a, b| a.0.cmp(&b.0));
     found
-}
-
-fn command() -> assert_cmd::Command {
-    let mut cmd = loopctl();
-    cmd.current_dir(root());
-    for var in LOOPGUARD_ENV {
-        cmd.env_remove(var);
-    }
-    cmd
 }
 
 /// The families of the corpus: each is the file name's prefix and holds loops and healthy

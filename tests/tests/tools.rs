@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use loopguard_tests::{LOOPGUARD_ENV, loopctl, root};
+use loopguard_tests::{loopctl_clean as command, root};
 use serde_json::{Value, json};
 
 /// A child of `rules/default.yaml` (named by absolute path, as an operator's own policy
@@ -23,15 +23,6 @@ fn child_policy(dir: &Path) -> PathBuf {
     )
     .unwrap();
     path
-}
-
-fn command() -> assert_cmd::Command {
-    let mut cmd = loopctl();
-    cmd.current_dir(root());
-    for var in LOOPGUARD_ENV {
-        cmd.env_remove(var);
-    }
-    cmd
 }
 
 #[test]

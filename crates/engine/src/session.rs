@@ -416,11 +416,7 @@ impl Session {
             GroupCheck::Quiet | GroupCheck::Unavailable => None,
         };
         let mut cands = [exact, fuzzy, cycle, interleaved, unknown_tool, group_loop];
-        if tool.exempt != 0 {
-            for d in &mut cands {
-                *d = d.filter(|d| tool.watched_by(d.det));
-            }
-        }
+        drop_exempt(&tool, &mut cands);
         let hits = rules.plugins.on_call(c, &keys, &tool, &w);
         let mut verdict = self.escalate(
             &rules,
@@ -617,10 +613,8 @@ impl Session {
             cycle,
             interleaved,
         ];
-        if let Some(t) = tool.as_ref().filter(|t| t.exempt != 0) {
-            for d in &mut cands {
-                *d = d.filter(|d| t.watched_by(d.det));
-            }
+        if let Some(t) = tool.as_deref() {
+            drop_exempt(t, &mut cands);
         }
         // Plugins see the engine's judgement of failure (error patterns included).
         let judged = ToolResult {
@@ -971,6 +965,15 @@ impl Session {
             calls,
             loop_start,
             notes: Vec::new(),
+        }
+    }
+}
+
+/// Drops the detections of detectors the tool is exempt from (`tools.<name>.exempt`).
+fn drop_exempt(tool: &crate::compiled::ToolInfo, cands: &mut [Option<Detection>]) {
+    if tool.exempt != 0 {
+        for d in cands {
+            *d = d.filter(|d| tool.watched_by(d.det));
         }
     }
 }
