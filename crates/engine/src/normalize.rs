@@ -38,6 +38,8 @@ pub struct ResultRules {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub digest: u64,
+    /// A near-duplicate sketch of the masked text (see [`sketch`]); `None` for short results.
+    pub sketch: Option<u64>,
     pub error: bool,
     pub empty: bool,
     /// Infrastructure trouble (rate limits, 5xx): retrying is not a loop. Only errors are.
@@ -152,11 +154,95 @@ impl ResultRules {
         };
         Outcome {
             digest,
+            sketch: sketch(masked),
             error,
             empty: self.empty.iter().any(|re| re.is_match(buf)),
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
+}
+
+/// Results with fewer words than this get no sketch: in a short result one changed word is a
+/// large part of it, and the sketch could not tell it from noise.
+pub const SKETCH_MIN_WORDS: u32 = 32;
+
+/// At most this many words are sketched (from the start of the masked text), so a sketch costs
+/// a bounded amount of work whatever the result's size.
+const SKETCH_MAX_WORDS: u32 = 4096;
+
+/// Two sketches this close (differing bits of 64) are of near-duplicate texts. A bit differs
+/// with probability (1 − J) / 2 for the Jaccard similarity J of the texts' word-pair sets, so
+/// texts sharing 90% or more of their word pairs are judged near-duplicates about 9 times in
+/// 10, texts sharing 80% about half the time, texts sharing 70% or less rarely (measured on
+/// random texts of 40 to 400 words with words replaced).
+pub const SKETCH_NEAR_BITS: u32 = 5;
+
+/// A near-duplicate sketch of a text: 64 one-bit minwise hashes of its word pairs (b-bit
+/// minwise hashing, Li and König, from one hash per word pair by one-permutation hashing with
+/// densification, Shrivastava and Li), with every run of digits folded into one and case
+/// ignored. Each word pair's hash goes to one of 64 bins, which keeps the smallest; a bit is
+/// the lowest bit of its bin's minimum (an empty bin borrows its next bin's). Two texts differ
+/// in a bit with probability about (1 − J) / 2 for the Jaccard similarity J of their word-pair
+/// sets: near-duplicates differ in a few bits, unrelated texts in about 32. `None` below
+/// [`SKETCH_MIN_WORDS`] words.
+pub fn sketch(text: &str) -> Option<u64> {
+    const EMPTY: u64 = u64::MAX;
+    let mut mins = [EMPTY; 64];
+    let mut words = 0u32;
+    let mut prev = 0u64;
+    let mut cur = 0u64;
+    let mut in_word = false;
+    let mut in_digits = false;
+    let mut add = |prev: u64, word: u64| {
+        let f = crate::hash::mix(prev, word);
+        let bin = (f >> 58) as usize;
+        if let Some(m) = mins.get_mut(bin) {
+            *m = (*m).min(f & ((1 << 58) - 1));
+        }
+    };
+    for &b in text.as_bytes() {
+        let word_byte = b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
+        if word_byte {
+            if !in_word {
+                in_word = true;
+                in_digits = false;
+                cur = 0xcbf2_9ce4_8422_2325;
+            }
+            let digit = b.is_ascii_digit();
+            if digit && in_digits {
+                continue;
+            }
+            in_digits = digit;
+            let v = if digit { b'0' } else { b.to_ascii_lowercase() };
+            cur = (cur ^ u64::from(v)).wrapping_mul(0x0100_0000_01b3);
+        } else if in_word {
+            in_word = false;
+            add(prev, cur);
+            prev = cur;
+            words += 1;
+            if words >= SKETCH_MAX_WORDS {
+                break;
+            }
+        }
+    }
+    if in_word && words < SKETCH_MAX_WORDS {
+        add(prev, cur);
+        words += 1;
+    }
+    if words < SKETCH_MIN_WORDS {
+        return None;
+    }
+    let mut out = 0u64;
+    for bit in 0..64 {
+        let (distance, min) = (0..64u64)
+            .find_map(|d| {
+                let m = mins[(bit + d as usize) % 64];
+                (m != EMPTY).then_some((d, m))
+            })
+            .unwrap_or((0, 0));
+        out |= (crate::hash::mix(min, distance) & 1) << bit;
+    }
+    Some(out)
 }
 
 /// Hashes a line of an error with its quoted parts as `<q>`: an error that echoes what it was
@@ -776,5 +862,72 @@ mod tests {
         };
         assert_eq!(res(&x).digest, res(&y).digest);
         assert_ne!(res(&x).digest, res("short").digest);
+    }
+}
+
+#[cfg(test)]
+mod sketch_tests {
+    use super::{SKETCH_NEAR_BITS, sketch};
+
+    fn error_page(slug: &str) -> String {
+        format!(
+            "HTTP 500 Internal Server Error for GET /api/v2/products/{slug}/inventory\n\
+             Traceback (most recent call last):\n\
+             File \"/srv/app/views/inventory.py\", line 88, in get_inventory\n\
+             rows = ledger.fetch_rows(product_id=product.id, warehouse=request.warehouse)\n\
+             File \"/srv/app/ledger/client.py\", line 214, in fetch_rows\n\
+             raise LedgerTimeout(\"ledger service did not answer within the deadline\")\n\
+             ledger.errors.LedgerTimeout: ledger service did not answer within the deadline\n\
+             The server could not complete your request. Please contact the administrator."
+        )
+    }
+
+    fn bits(a: &str, b: &str) -> u32 {
+        (sketch(a).unwrap() ^ sketch(b).unwrap()).count_ones()
+    }
+
+    #[test]
+    fn near_duplicates_are_close() {
+        for (a, b) in [
+            ("blue-widget", "red-gadget"),
+            ("spring-sale-banner", "winter-coat"),
+            ("a", "completely-different-product-name-here"),
+        ] {
+            let d = bits(&error_page(a), &error_page(b));
+            assert!(d <= SKETCH_NEAR_BITS, "{a} vs {b}: {d} bits apart");
+        }
+    }
+
+    #[test]
+    fn unrelated_texts_are_far() {
+        let listing = "total 48\ndrwxr-xr-x  5 dev dev 4096 Mar  3 10:12 .\n\
+            -rw-r--r--  1 dev dev  812 Mar  3 10:11 Cargo.toml\n\
+            -rw-r--r--  1 dev dev 2210 Mar  3 10:11 README.md\n\
+            drwxr-xr-x  2 dev dev 4096 Mar  3 10:12 src\n\
+            drwxr-xr-x  2 dev dev 4096 Mar  3 10:12 tests\n\
+            -rw-r--r--  1 dev dev  120 Mar  3 10:11 rustfmt.toml";
+        let d = bits(&error_page("blue-widget"), listing);
+        assert!(d > 2 * SKETCH_NEAR_BITS, "{d} bits apart");
+    }
+
+    #[test]
+    fn numbers_are_folded() {
+        let a = error_page("item-1").replace("88", "12345");
+        assert_eq!(sketch(&a), sketch(&error_page("item-7")));
+    }
+
+    #[test]
+    fn short_texts_have_no_sketch() {
+        assert_eq!(sketch("Status: pending"), None);
+        assert_eq!(sketch(""), None);
+        assert!(sketch(&error_page("x")).is_some());
+    }
+
+    #[test]
+    fn long_texts_cost_a_bounded_amount() {
+        let long = "word ".repeat(1 << 16);
+        let mut prefix = "word ".repeat(super::SKETCH_MAX_WORDS as usize);
+        prefix.push_str("other tail entirely");
+        assert_eq!(sketch(&long), sketch(&prefix));
     }
 }

@@ -170,7 +170,7 @@ impl Plugins {
                     .call_id(c.call_id)
                     .tool(c.tool)
                     .arguments(args)
-                    .fingerprints(keys.exact, keys.fuzzy)
+                    .fingerprints(u64::from(keys.exact as u32), u64::from(keys.fuzzy as u32))
                     .window(window);
                 self.run(&view, Some(tool.id))
             });
@@ -196,7 +196,7 @@ impl Plugins {
                     .call_id(r.call_id)
                     .tool(tool.map_or("", |t| &*t.name))
                     .result(r.output, r.is_error, r.exit_code)
-                    .fingerprints(rec.exact, rec.fuzzy)
+                    .fingerprints(u64::from(rec.exact), u64::from(rec.fuzzy))
                     .result_digest(digest)
                     .window(window);
                 self.run(&view, tool.map(|t| t.id))
@@ -760,8 +760,8 @@ mod enabled {
             }
         }
         WindowRecord {
-            exact: r.exact,
-            fuzzy: r.fuzzy,
+            exact: u64::from(r.exact),
+            fuzzy: u64::from(r.fuzzy),
             result_digest: u64::from(r.digest),
             flags,
             reserved: 0,
@@ -931,7 +931,7 @@ mod enabled {
 
         #[test]
         fn the_window_is_shown_oldest_first_live_records_only() {
-            let rec = |exact: u64| Record {
+            let rec = |exact: u32| Record {
                 exact,
                 flags: if exact == 5 {
                     flag::RESULT | flag::ERROR
@@ -951,7 +951,8 @@ mod enabled {
                     newest_seq: 6,
                 };
                 // The reference: newest first from `iter`, reversed.
-                let mut expected: Vec<u64> = w.iter().skip(skip).map(|r| r.exact).collect();
+                let mut expected: Vec<u64> =
+                    w.iter().skip(skip).map(|r| u64::from(r.exact)).collect();
                 expected.reverse();
                 let got: Vec<u64> = window(&mut Vec::new(), &w, skip)
                     .iter()

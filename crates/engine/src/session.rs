@@ -394,9 +394,10 @@ impl Session {
             }
         }
         self.push(Record {
-            exact: keys.exact,
-            fuzzy: keys.fuzzy,
+            exact: keys.exact as u32,
+            fuzzy: keys.fuzzy as u32,
             digest: 0,
+            sketch: 0,
             call: hash_str(c.call_id) as u32,
             time: now,
             tool: tool.id,
@@ -476,7 +477,7 @@ impl Session {
         m.workers = tally.workers;
         GroupCheck::Loop(Detection {
             tool: Some(tool),
-            involved: Involved::Fuzzy(keys.fuzzy),
+            involved: Involved::Fuzzy(keys.fuzzy as u32),
             ..Detection::new(
                 Det::GroupLoop,
                 keys.fuzzy,
@@ -546,7 +547,8 @@ impl Session {
             | flag::EMPTY
             | flag::RETRYABLE
             | flag::BLOCKED
-            | flag::CHANGED);
+            | flag::CHANGED
+            | flag::SKETCH);
         rec.flags |= flag::RESULT;
         for (on, f) in [
             (outcome.error, flag::ERROR),
@@ -558,6 +560,10 @@ impl Session {
             }
         }
         rec.digest = outcome.digest as u32;
+        rec.sketch = outcome.sketch.unwrap_or(0);
+        if outcome.sketch.is_some() {
+            rec.flags |= flag::SKETCH;
+        }
         let mut rec = *rec;
         // Did the world this call looks at change since its previous run?
         let full = self.full_window(now);

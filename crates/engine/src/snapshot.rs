@@ -225,6 +225,9 @@ pub(crate) struct RecordV1 {
     /// Hash of the host's call id.
     pub call: u32,
     pub digest: u32,
+    /// The result's near-duplicate sketch (meaningful with the `SKETCH` flag).
+    #[serde(default, with = "hex64")]
+    pub sketch: u64,
     /// Milliseconds since `epoch_ms`.
     pub time: u32,
     /// `None`: a tool beyond the engine's tool table.

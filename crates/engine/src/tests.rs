@@ -260,6 +260,84 @@ fn polling_with_changing_output_is_progress() {
     }
 }
 
+/// A long status report with one word that is the news.
+fn long_report(state: &str) -> String {
+    format!(
+        "Deployment report for service checkout-api in region eu-west-1. The rollout controller \
+         watches every replica, drains connections before restarting a pod, and reports the \
+         state of the whole deployment once per poll. Replicas are healthy, the load balancer \
+         routes traffic to the new version, and alarms are quiet. Current state: {state}."
+    )
+}
+
+#[test]
+fn near_duplicate_successes_are_still_progress() {
+    let mut h = H::default();
+    let states = [
+        "pending",
+        "rolling",
+        "verifying",
+        "draining",
+        "settling",
+        "done",
+    ];
+    for (i, state) in states.iter().enumerate() {
+        let (c, r) = h.run(
+            "deploy_status",
+            json!({"service": "checkout-api"}),
+            &long_report(state),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "poll {i}: {c:?} {r:?}");
+    }
+}
+
+/// A long error page that echoes what was asked in its first line.
+fn error_page(slug: &str) -> String {
+    format!(
+        "Error: GET /api/products/{slug}/reviews failed\n\
+         Traceback (most recent call last):\n\
+         File \"/srv/shop/reviews/views.py\", line 41, in list_reviews\n\
+         qs = Review.objects.filter(product__slug=slug).select_related(\"author\")\n\
+         File \"/srv/shop/.venv/lib/python3.11/site-packages/django/db/models/query.py\", line 1436, in filter\n\
+         return self._filter_or_exclude(False, args, kwargs)\n\
+         django.db.utils.ProgrammingError: relation \"reviews_review_author\" does not exist\n\
+         LINE 1: SELECT review.rating, reviews_review_author.display_name FROM reviews_review\n\
+         Please report this incident to the shop platform team."
+    )
+}
+
+#[test]
+fn near_duplicate_failures_of_different_calls_are_one_outcome() {
+    let mut h = H::default();
+    let slugs = ["alpine-jacket", "merino-layer", "summit-gaiters"];
+    let mut last = None;
+    for slug in slugs {
+        let url = format!("https://shop.example.com/api/products/{slug}/reviews");
+        let (_, r) = h.run("http_get", json!({ "url": url }), &error_page(slug), true);
+        last = Some(r);
+    }
+    let r = last.unwrap();
+    assert_eq!(det(&r), Some("same_outcome"), "{r:?}");
+
+    // Failures that only share their frame are different failures.
+    let mut h = H::default();
+    for (i, exc) in [
+        "AttributeError: 'Settings' object has no attribute 'OPEN_STATES' while building the open orders widget",
+        "TypeError: int() argument must be a string or a real number, not 'NoneType' in low_stock view",
+        "ImportError: Unable to find a usable engine; tried using: 'pyarrow', 'fastparquet' for the cohort cache",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let out = format!(
+            "Error: GET /api/widgets/{i} failed\nTraceback (most recent call last):\n{exc}\nPlease report this incident to the shop platform team."
+        );
+        let (_, r) = h.run("http_get", json!({ "url": format!("/api/widgets/{i}") }), &out, true);
+        assert!(r.is_allow(), "failure {i}: {r:?}");
+    }
+}
+
 #[test]
 fn polling_with_masked_noise_is_no_progress() {
     let mut h = H::new(config(

@@ -67,7 +67,7 @@ pub fn exact_repeat(w: &Window<'_>, p: &ExactRepeat, allowance: u32) -> Option<D
         tool: Some(cur.tool),
         involved: Involved::Exact(cur.exact),
         start_seq: w.seq(start),
-        ..Detection::new(Det::ExactRepeat, cur.exact, count, p.threshold)
+        ..Detection::new(Det::ExactRepeat, u64::from(cur.exact), count, p.threshold)
     })
 }
 
@@ -87,7 +87,7 @@ pub fn fuzzy_repeat(w: &Window<'_>, p: &FuzzyRepeat, allowance: u32) -> Option<D
         tool: Some(cur.tool),
         involved: Involved::Fuzzy(cur.fuzzy),
         start_seq: w.seq(start),
-        ..Detection::new(Det::FuzzyRepeat, cur.fuzzy, count, p.threshold)
+        ..Detection::new(Det::FuzzyRepeat, u64::from(cur.fuzzy), count, p.threshold)
     })
 }
 
@@ -133,7 +133,7 @@ pub fn cycle(w: &Window<'_>, p: &Cycle, allowance: u32) -> Option<Detection> {
         let mut signature = period as u64;
         for k in 0..per {
             if let Some(r) = w.get(k) {
-                signature = signature.wrapping_add(crate::hash::fmix(r.exact));
+                signature = signature.wrapping_add(crate::hash::fmix(u64::from(r.exact)));
             }
         }
         return Some(Detection {
@@ -152,7 +152,7 @@ fn outcome_id(r: &Record) -> u64 {
     if r.failed() {
         crate::hash::combine(u64::from(r.tool), u64::from(r.digest))
     } else {
-        r.exact
+        u64::from(r.exact)
     }
 }
 
@@ -174,7 +174,7 @@ pub fn failing_cycle(w: &Window<'_>, k: usize, p: &Cycle, allowance: u32) -> Opt
             && if a.exact == b.exact {
                 a.same_outcome_as(b)
             } else {
-                a.tool == b.tool && a.failed() && b.failed() && a.digest == b.digest
+                a.tool == b.tool && a.same_failure_as(b)
             }
     };
     for period in p.min_period.max(2)..=p.max_period {
@@ -261,7 +261,7 @@ pub fn interleaved(w: &Window<'_>, p: &Interleaved, allowance: u32) -> Option<De
         tool: Some(cur.tool),
         involved: Involved::Exact(cur.exact),
         start_seq: w.seq(start),
-        ..Detection::new(Det::Interleaved, cur.exact, count, p.threshold)
+        ..Detection::new(Det::Interleaved, u64::from(cur.exact), count, p.threshold)
     })
 }
 
@@ -499,7 +499,7 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
             let e = cur.exact;
             detection(
                 Det::ExactRepeat,
-                e,
+                u64::from(e),
                 exact.count,
                 pe.threshold,
                 Involved::Exact(e),
@@ -512,7 +512,7 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
             let f = cur.fuzzy;
             detection(
                 Det::FuzzyRepeat,
-                f,
+                u64::from(f),
                 fuzzy.count,
                 pf.threshold,
                 Involved::Fuzzy(f),
@@ -526,7 +526,7 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
             let e = cur.exact;
             detection(
                 Det::Interleaved,
-                e,
+                u64::from(e),
                 inter.count,
                 pi.threshold,
                 Involved::Exact(e),
@@ -555,15 +555,16 @@ mod tests {
 
     fn record() -> impl Strategy<Value = Record> {
         // Few distinct keys, digests and tools, so that matches are common.
-        (0u64..3, 0u64..3, 0u32..2, 0u16..2, any::<u16>()).prop_map(
-            |(exact, fuzzy, digest, tool, flags)| Record {
+        (0u32..3, 0u32..3, 0u32..2, 0usize..4, 0u16..2, any::<u16>()).prop_map(
+            |(exact, fuzzy, digest, sketch, tool, flags)| Record {
                 exact,
                 fuzzy: fuzzy.min(exact),
                 call: 0,
                 digest,
+                sketch: [0u64, 1, 0xff, 0xffff_0000_0000][sketch],
                 time: 0,
                 tool,
-                flags: flags & 0x7ff,
+                flags: flags & 0xfff,
             },
         )
     }

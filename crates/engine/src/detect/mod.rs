@@ -91,6 +91,8 @@ pub mod flag {
     /// The result differs (substantively, see [`super::Record::same_outcome_as`]) from the
     /// previous result of the same call: the world this call looks at changed.
     pub const CHANGED: u16 = 1 << 10;
+    /// The result is long enough to have a near-duplicate sketch (`Record::sketch`).
+    pub const SKETCH: u16 = 1 << 11;
 }
 
 /// The count a repeat needs: `threshold` (plus the user's `allowance`) for repeats back to
@@ -106,8 +108,12 @@ pub fn needed(threshold: u32, allowance: u32, count: u32, span: usize) -> u32 {
 /// One call in the window: 32 bytes. Its seq is implied by its position in the ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
-    pub exact: u64,
-    pub fuzzy: u64,
+    /// The result's near-duplicate sketch, when `flag::SKETCH` is set.
+    pub sketch: u64,
+    /// The exact fingerprint's low 32 bits (enough to tell calls apart within one window).
+    pub exact: u32,
+    /// The fuzzy fingerprint's low 32 bits.
+    pub fuzzy: u32,
     /// Hash of the host's call id.
     pub call: u32,
     /// The normalized result's digest (32 bits suffice within one window), once it arrived.
@@ -137,6 +143,25 @@ impl Record {
     /// into another is not progress; a modification between them is, see [`Record::progress`]).
     pub fn same_outcome_as(&self, older: &Record) -> bool {
         self.digest == older.digest || (self.failed() && older.failed())
+    }
+
+    /// Both results are failures, and the same failure: the same error signature, or texts
+    /// that are near-duplicates by their sketches (a long error page or trace that differs
+    /// only in what it echoes of the request). Successful results are compared by
+    /// [`Record::same_outcome_as`] alone: there one changed word can be the news (a status
+    /// turning from `pending` to `done`), which a sketch cannot tell from noise.
+    pub fn same_failure_as(&self, other: &Record) -> bool {
+        self.failed()
+            && other.failed()
+            && (self.digest == other.digest || self.near_duplicate(other))
+    }
+
+    /// Both results have sketches, and they are near-duplicates (see
+    /// [`crate::normalize::sketch`]).
+    pub fn near_duplicate(&self, other: &Record) -> bool {
+        self.has(flag::SKETCH)
+            && other.has(flag::SKETCH)
+            && (self.sketch ^ other.sketch).count_ones() <= crate::normalize::SKETCH_NEAR_BITS
     }
 
     /// Evidence of progress for the calls around it: a successful call of a modifying tool, or
@@ -217,8 +242,8 @@ impl<'a> Window<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Involved {
     None,
-    Exact(u64),
-    Fuzzy(u64),
+    Exact(u32),
+    Fuzzy(u32),
     All,
     Tool(u16),
     Test,

@@ -35,7 +35,7 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
         tool: Some(r.tool),
         involved: Involved::Exact(r.exact),
         start_seq: w.seq(start),
-        ..Detection::new(Det::NoProgress, r.exact, count, p.threshold)
+        ..Detection::new(Det::NoProgress, u64::from(r.exact), count, p.threshold)
     })
 }
 
@@ -57,7 +57,9 @@ pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detecti
     let mut start = k;
     let mut distinct = false;
     for (i, o) in older(w, k).filter(|(_, o)| o.ran()) {
-        if !bad(o, p.include_empty) || o.digest != r.digest {
+        let same = o.digest == r.digest
+            || (r.has(flag::ERROR) && o.has(flag::ERROR) && r.near_duplicate(o));
+        if !bad(o, p.include_empty) || !same {
             break;
         }
         distinct |= o.exact != r.exact;

@@ -71,10 +71,11 @@ impl Session {
         let window = (0..self.len as usize)
             .filter_map(|i| self.ring.get((self.start as usize + i) % cap.max(1)))
             .map(|r| RecordV1 {
-                exact: r.exact,
-                fuzzy: r.fuzzy,
+                exact: u64::from(r.exact),
+                fuzzy: u64::from(r.fuzzy),
                 call: r.call,
                 digest: r.digest,
+                sketch: r.sketch,
                 time: r.time,
                 tool: tool_name(r.tool),
                 flags: r.flags,
@@ -195,10 +196,11 @@ impl Session {
             let newest = snap.window.iter().skip(snap.window.len() - keep);
             for (slot, r) in ring.iter_mut().zip(newest) {
                 *slot = Record {
-                    exact: r.exact,
-                    fuzzy: r.fuzzy,
+                    exact: r.exact as u32,
+                    fuzzy: r.fuzzy as u32,
                     call: r.call,
                     digest: r.digest,
+                    sketch: r.sketch,
                     time: r.time,
                     tool: tool_id(&r.tool),
                     flags: r.flags,
