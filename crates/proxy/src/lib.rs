@@ -59,6 +59,7 @@ mod server;
 pub mod session;
 mod state;
 pub mod stream;
+pub mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -125,12 +126,52 @@ impl Options {
     }
 }
 
+/// The ranges the proxy accepts for its options: a value outside would be refused by the
+/// clock or the allocator later, on a request.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The largest `max_body_bytes`.
+pub const MAX_BODY_LIMIT: usize = 1 << 30;
+
+impl Options {
+    /// Checks every value against its range (see [`MAX_TIMEOUT`], [`MAX_BODY_LIMIT`]).
+    pub fn check(&self) -> Result<(), ProxyError> {
+        let within = |name: &str, d: Duration| {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                Err(ProxyError::Option(format!(
+                    "{name} must be between 1 ms and {} s, not {} s",
+                    MAX_TIMEOUT.as_secs(),
+                    d.as_secs_f64()
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        within("the upstream timeout", self.timeout)?;
+        within("the connect timeout", self.connect_timeout)?;
+        if self.shutdown_grace > MAX_TIMEOUT {
+            return Err(ProxyError::Option(format!(
+                "the shutdown grace must be at most {} s",
+                MAX_TIMEOUT.as_secs()
+            )));
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_LIMIT {
+            return Err(ProxyError::Option(format!(
+                "the request body limit must be between 1 and {MAX_BODY_LIMIT} bytes, not {}",
+                self.max_body_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Why the proxy could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProxyError {
     #[error("invalid upstream URL `{url}`: {reason}")]
     Upstream { url: String, reason: String },
+    #[error("invalid option: {0}")]
+    Option(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -166,19 +207,18 @@ impl Proxy {
         setup: Setup,
         loader: Option<Arc<dyn Loader>>,
     ) -> Result<Proxy, ProxyError> {
-        let upstream = options.upstream.trim_end_matches('/').to_owned();
-        let bad = |reason: &str| ProxyError::Upstream {
-            url: options.upstream.clone(),
-            reason: reason.to_owned(),
-        };
-        let url = reqwest::Url::parse(&upstream).map_err(|e| bad(&e.to_string()))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(bad("the scheme must be http or https"));
-        }
+        let upstream = upstream::Upstream::parse(&options.upstream).map_err(|reason| {
+            ProxyError::Upstream {
+                url: upstream::Upstream::parse(&options.upstream)
+                    .map_or_else(|_| "(not shown)".to_owned(), |u| u.shown().to_owned()),
+                reason,
+            }
+        })?;
+        options.check()?;
         let backend = options
             .backend
             .clone()
-            .or_else(|| url.host_str().map(str::to_owned));
+            .or_else(|| upstream.host().map(str::to_owned));
         let client = reqwest::Client::builder()
             .connect_timeout(options.connect_timeout)
             .build()
@@ -225,7 +265,7 @@ impl Proxy {
         let grace = state.options.shutdown_grace;
         tracing::info!(
             %addr,
-            upstream = %state.upstream,
+            upstream = %state.upstream.shown(),
             backend = state.backend.as_deref().unwrap_or("-"),
             policy = %state.guard().policy.name,
             "loopguard proxy listening"
@@ -293,7 +333,7 @@ async fn reload_on(mut hup: Hangup, state: Arc<state::State>) {
         match tokio::task::spawn_blocking(move || st.reload()).await {
             Ok(Ok(name)) => {
                 state.metrics.reload("ok");
-                tracing::info!(policy = %name, "policy reloaded; sessions start over under it");
+                tracing::info!(policy = ?name, "policy reloaded; sessions start over under it");
             }
             Ok(Err(message)) => {
                 state.metrics.reload("failed");

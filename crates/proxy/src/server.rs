@@ -49,7 +49,7 @@ async fn healthz(Extract(state): Extract<Shared>) -> Response {
         &json!({
             "status": "ok",
             "policy": guard.policy.name,
-            "upstream": state.upstream,
+            "upstream": state.upstream.shown(),
             "sessions": state.session_count(),
         }),
     )
@@ -180,7 +180,13 @@ fn upstream_failure(state: &State, e: &reqwest::Error, what: &str) -> ApiError {
         );
     }
     state.metrics.upstream_error("unreachable");
-    let mut cause = e.to_string();
+    // The request error's own text names the URL (credentials included): only its causes
+    // are shown, and those with the URL's credentials replaced.
+    let mut cause = String::from(if e.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    });
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         cause = format!("{cause}: {s}");
@@ -189,7 +195,11 @@ fn upstream_failure(state: &State, e: &reqwest::Error, what: &str) -> ApiError {
     ApiError::upstream(
         StatusCode::BAD_GATEWAY,
         "upstream_unreachable",
-        format!("cannot reach the upstream {}: {cause}", state.upstream),
+        format!(
+            "cannot reach the upstream {}: {}",
+            state.upstream.shown(),
+            state.upstream.redact(&cause)
+        ),
     )
 }
 
@@ -307,8 +317,8 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
         Prepared::Reply(turn, text) => return reply(state, &turn, &text),
         Prepared::Forward(turn) => turn,
     };
-    tracing::debug!(session = %turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, "forwarding a chat completion");
-    let url = format!("{}/chat/completions", state.upstream);
+    tracing::debug!(session = ?turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, "forwarding a chat completion");
+    let url = state.upstream.endpoint(["chat", "completions"], None);
     let deadline = Deadline::now() + state.options.timeout;
     let body = match serde_json::to_vec(&json) {
         Ok(b) => b,
@@ -318,7 +328,7 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
     };
     let request = state
         .client
-        .post(&url)
+        .post(url)
         .headers(forwarded(headers))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body);
@@ -475,7 +485,7 @@ async fn pump(
     if gone {
         state.metrics.client_disconnect();
         tracing::info!(
-            session = %session,
+            session = ?session,
             unreleased_calls = sj.abandon(),
             "the client went away mid-stream; the upstream request is dropped"
         );
@@ -537,10 +547,23 @@ async fn models(Extract(state): Extract<Shared>, uri: Uri, headers: HeaderMap) -
     state.metrics.request("models");
     let path = uri.path();
     let rest = path.strip_prefix("/v1").unwrap_or(path);
-    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    let url = format!("{}{rest}{query}", state.upstream);
+    let id = rest.strip_prefix("/models").unwrap_or(rest);
+    let mut segments = vec!["models".to_owned()];
+    if let Some(id) = id.strip_prefix('/') {
+        let Some(more) = crate::upstream::model_segments(id) else {
+            return ApiError::invalid_request(
+                "invalid_model_id",
+                "a model id in the path may not have empty, `.` or `..` segments",
+            )
+            .into_response();
+        };
+        segments.extend(more);
+    }
+    let url = state
+        .upstream
+        .endpoint(segments.iter().map(String::as_str), uri.query());
     let deadline = Deadline::now() + state.options.timeout;
-    let request = state.client.get(&url).headers(forwarded(&headers));
+    let request = state.client.get(url).headers(forwarded(&headers));
     let resp = match timeout_at(deadline, request.send()).await {
         Err(_) => return timed_out(&state, "with response headers").into_response(),
         Ok(Err(e)) => return upstream_failure(&state, &e, "with response headers").into_response(),

@@ -76,7 +76,7 @@ impl Guard {
         let mut key = model.map(str::to_owned);
         if !map.contains_key(&key) && map.len() >= MAX_ENGINES {
             tracing::warn!(
-                model,
+                model = ?model,
                 "more than {MAX_ENGINES} models seen; this one shares the engine without model overrides"
             );
             key = None;
@@ -171,8 +171,8 @@ pub enum Prepared {
 /// Everything the handlers share.
 pub struct State {
     pub options: Options,
-    /// The upstream base URL, without a trailing slash.
-    pub upstream: String,
+    /// The upstream base URL.
+    pub upstream: crate::upstream::Upstream,
     pub backend: Option<String>,
     pub metrics: Metrics,
     pub client: reqwest::Client,
@@ -194,7 +194,7 @@ impl std::fmt::Debug for State {
 impl State {
     pub fn new(
         options: Options,
-        upstream: String,
+        upstream: crate::upstream::Upstream,
         backend: Option<String>,
         client: reqwest::Client,
         setup: Setup,
@@ -248,7 +248,7 @@ impl State {
             if let Some(mode) = &book.settings.mode
                 && !ladders.contains(&mode.as_str())
             {
-                tracing::warn!(session = %id, mode = %mode, "the reloaded policy has no such ladder; the session's tool-loop-mode is unset");
+                tracing::warn!(session = ?id, mode = ?mode, "the reloaded policy has no such ladder; the session's tool-loop-mode is unset");
                 book.settings.mode = None;
             }
         }
@@ -298,19 +298,19 @@ impl State {
         let ladders = guard.ladders();
         if !stripped.errors.is_empty() {
             self.metrics.command("invalid");
-            tracing::info!(session = %turn.session, errors = ?stripped.errors, "invalid in-chat command; not forwarded");
+            tracing::info!(session = ?turn.session, errors = ?stripped.errors, "invalid in-chat command; not forwarded");
             return Prepared::Reply(turn, invalid_reply(&stripped.errors, &ladders));
         }
         if !stripped.commands.is_empty() {
             match commands::apply(&stripped.commands, &book.settings, &ladders) {
                 Err(errors) => {
                     self.metrics.command("invalid");
-                    tracing::info!(session = %turn.session, ?errors, "invalid in-chat setting; not forwarded");
+                    tracing::info!(session = ?turn.session, ?errors, "invalid in-chat setting; not forwarded");
                     return Prepared::Reply(turn, invalid_reply(&errors, &ladders));
                 }
                 Ok((settings, changes)) => {
                     self.metrics.command("applied");
-                    tracing::info!(session = %turn.session, changes = ?changes, now = %settings, "session settings changed in chat");
+                    tracing::info!(session = ?turn.session, changes = ?changes, now = ?settings.to_string(), "session settings changed in chat");
                     book.settings = settings;
                     turn.engine
                         .set_session_settings(&turn.session, book.settings.clone());
@@ -430,23 +430,27 @@ impl State {
     fn record(&self, v: &Verdict, session: &str, tool: Option<&str>) {
         let detector = v.detector.as_deref().unwrap_or("unknown");
         self.metrics.intervention(v.action.as_str(), detector);
+        // Client-given text (session ids, tool names) is logged escaped (`?`): a newline in
+        // it cannot forge a log line. The message, which may quote the call, is for debug.
         tracing::info!(
-            session,
+            session = ?session,
             action = v.action.as_str(),
-            detector,
-            tool = tool.unwrap_or("-"),
+            detector = ?detector,
+            tool = ?tool.unwrap_or("-"),
             count = v.count,
-            rule = v.rule.as_deref().unwrap_or("-"),
-            message = %v.message,
+            rule = ?v.rule.as_deref().unwrap_or("-"),
             "loop intervention"
         );
+        tracing::debug!(session = ?session, message = ?v.message, "loop intervention message");
         log_notes(v, session);
     }
 }
 
 fn log_notes(v: &Verdict, session: &str) {
     for n in &v.notes {
-        tracing::warn!(session, code = n.code, plugin = %n.plugin, "{}", n.message);
+        // A plugin's message may quote arguments or output: only at debug.
+        tracing::warn!(session = ?session, code = n.code, plugin = ?n.plugin, "a detector plugin reported a problem");
+        tracing::debug!(session = ?session, plugin = ?n.plugin, message = ?n.message, "plugin note");
     }
 }
 
@@ -667,7 +671,7 @@ mod tests {
         };
         Arc::new(State::new(
             options,
-            "http://127.0.0.1:9".into(),
+            crate::upstream::Upstream::parse("http://127.0.0.1:9").unwrap(),
             None,
             reqwest::Client::new(),
             Setup {

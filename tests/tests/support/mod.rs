@@ -27,6 +27,8 @@ use serde_json::{Value, json};
 pub struct Fake {
     pub requests: Arc<Mutex<Vec<Value>>>,
     pub n: Arc<AtomicU64>,
+    /// Paths (with queries) of requests to any route the fake does not serve.
+    pub other_paths: Arc<Mutex<Vec<String>>>,
 }
 
 pub struct Upstream {
@@ -40,6 +42,8 @@ impl Upstream {
         let app = Router::new()
             .route("/v1/chat/completions", post(fake_chat))
             .route("/v1/models", get(fake_models))
+            .route("/v1/models/{*id}", get(fake_models))
+            .fallback(fake_other)
             .with_state(fake.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -258,6 +262,15 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
     } else {
         json_body(StatusCode::OK, &completion(&model, json!(text), calls))
     }
+}
+
+/// Any other path: recorded, then 404.
+pub async fn fake_other(State(f): State<Fake>, uri: axum::http::Uri) -> Response {
+    f.other_paths.lock().unwrap().push(uri.to_string());
+    json_body(
+        StatusCode::NOT_FOUND,
+        &json!({"error": {"message": "no such route"}}),
+    )
 }
 
 pub async fn fake_models(headers: HeaderMap) -> Response {
