@@ -158,3 +158,60 @@ async fn a_user_value_cannot_forge_log_lines_and_arguments_stay_out_of_logs() {
     // The looping call's arguments (`cargo build`) are not in logs above debug.
     assert!(!log.contains("cargo build"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_cannot_lock_other_clients_out() {
+    let up = Upstream::start().await;
+    let p = Proxy::start(
+        &up.base(),
+        &["--max-connections", "8", "--header-timeout", "1"],
+    );
+    let addr = p.base.trim_start_matches("http://").to_owned();
+    let mut idle = Vec::new();
+    for _ in 0..50 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // Every slot is held by a silent connection; they are cut at the header timeout, and an
+    // ordinary client is then served.
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        client().get(p.url("/healthz")).send(),
+    )
+    .await
+    .expect("/healthz hung behind idle connections")
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let m = metrics(&p).await;
+    assert!(
+        metric(&m, "loopguard_proxy_slow_clients_total").unwrap_or(0) >= 8,
+        "{m}"
+    );
+    assert!(metric(&m, "loopguard_proxy_connection_limit_waits_total").unwrap_or(0) >= 1);
+    assert!(p.log().contains("connection limit reached"), "{}", p.log());
+    drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_headers_and_stalled_bodies_are_cut_off() {
+    let up = Upstream::start().await;
+    let p = Proxy::start(&up.base(), &["--header-timeout", "1"]);
+    // Half a header line, then silence: the connection is closed.
+    let started = std::time::Instant::now();
+    let (status, _) = raw(&p, "GET /healthz HTTP/1.1\r\nHo").await;
+    assert!(started.elapsed() < Duration::from_secs(8), "{status}");
+    assert!(!status.contains(" 200 "), "{status}");
+    // A body that stops short of its length: 408.
+    let (status, body) = raw(
+        &p,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{\"model\": \"te",
+    )
+    .await;
+    assert!(status.contains(" 408 "), "{status}\n{body}");
+    assert!(body.contains("request_timeout"), "{body}");
+    // The proxy still serves.
+    let r = client().get(p.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

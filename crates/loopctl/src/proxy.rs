@@ -52,6 +52,14 @@ pub struct Args {
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    /// Most client connections open at once; more wait until one closes (logged, and counted
+    /// in `/metrics`).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds a client may take to start a request, to send its headers, or to pause inside
+    /// its body; slower connections are closed (a paused body gets a 408).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    header_timeout: u64,
 }
 
 /// Loads and checks the policy, its plugins and the server tier; every problem rendered.
@@ -125,6 +133,8 @@ pub fn run(args: Args) -> u8 {
         }),
         max_body_bytes: args.max_body_bytes,
         timeout: Duration::from_secs(args.timeout.max(1)),
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         ..Options::new(args.upstream)
     };
     let loader = move || load(rules.as_deref()).map_err(|(text, _)| text);

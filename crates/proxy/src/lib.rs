@@ -53,6 +53,7 @@
 pub mod commands;
 pub mod error;
 pub mod judge;
+mod listen;
 pub mod metrics;
 pub mod request;
 mod server;
@@ -66,7 +67,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use loopguard_rules::{Policy, Settings};
 use tokio::net::TcpListener;
 
@@ -110,6 +110,11 @@ pub struct Options {
     pub connect_timeout: Duration,
     /// How long a shutdown waits for open requests before closing them.
     pub shutdown_grace: Duration,
+    /// Most client connections open at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// How long a client may take to start a request, to send its headers, or to pause inside
+    /// its body.
+    pub header_timeout: Duration,
 }
 
 impl Options {
@@ -122,6 +127,8 @@ impl Options {
             timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
             shutdown_grace: server::DEFAULT_GRACE,
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -129,6 +136,9 @@ impl Options {
 /// The ranges the proxy accepts for its options: a value outside would be refused by the
 /// clock or the allocator later, on a request.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The largest `max_connections` (Tokio's semaphore counts up to about 2^61; this bound keeps
+/// the limit a number of sockets).
+pub const MAX_CONNECTIONS: usize = 1 << 20;
 /// The largest `max_body_bytes`.
 pub const MAX_BODY_LIMIT: usize = 1 << 30;
 
@@ -148,6 +158,13 @@ impl Options {
         };
         within("the upstream timeout", self.timeout)?;
         within("the connect timeout", self.connect_timeout)?;
+        within("the header timeout", self.header_timeout)?;
+        if self.max_connections == 0 || self.max_connections > MAX_CONNECTIONS {
+            return Err(ProxyError::Option(format!(
+                "the connection limit must be between 1 and {MAX_CONNECTIONS}, not {}",
+                self.max_connections
+            )));
+        }
         if self.shutdown_grace > MAX_TIMEOUT {
             return Err(ProxyError::Option(format!(
                 "the shutdown grace must be at most {} s",
@@ -283,17 +300,19 @@ impl Proxy {
             tracing::info!("shutting down: no new connections; waiting for open requests");
             notified.notify_one();
         };
-        // Stream events are small writes: without TCP_NODELAY the last ones of a response wait
-        // for the client's delayed ACK (about 40 ms on Linux).
-        let listener = listener.tap_io(|tcp| {
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::debug!(%error, "cannot set TCP_NODELAY on a client connection");
-            }
-        });
-        let server = axum::serve(listener, server::router(Arc::clone(&state)))
-            .with_graceful_shutdown(signal);
+        let limits = listen::Limits {
+            max_connections: state.options.max_connections,
+            header_timeout: state.options.header_timeout,
+        };
+        let server = listen::serve(
+            listener,
+            server::router(Arc::clone(&state)),
+            limits,
+            Arc::clone(&state),
+            signal,
+        );
         let result = tokio::select! {
-            r = server => r.map_err(ProxyError::Serve),
+            () = server => Ok(()),
             () = async { notify.notified().await; tokio::time::sleep(grace).await } => {
                 tracing::warn!(grace_seconds = grace.as_secs_f64(), "requests still open after the grace period are closed");
                 Ok(())

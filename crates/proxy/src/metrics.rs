@@ -70,6 +70,8 @@ pub struct Metrics {
     interventions: Labeled,
     upstream_errors: Labeled,
     client_disconnects: AtomicU64,
+    connection_waits: AtomicU64,
+    slow_clients: AtomicU64,
     commands: Labeled,
     reloads: Labeled,
     latency: Histogram,
@@ -101,6 +103,16 @@ impl Metrics {
 
     pub fn client_disconnect(&self) {
         self.client_disconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection had to wait for a free slot: the connection limit was reached.
+    pub fn connection_wait(&self) {
+        self.connection_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A client was cut off for sending its request headers or body too slowly.
+    pub fn slow_client(&self) {
+        self.slow_clients.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `result`: `applied` or `invalid`.
@@ -164,6 +176,18 @@ impl Metrics {
             "loopguard_proxy_client_disconnects_total",
             "Streaming responses the client abandoned before the end.",
             self.client_disconnects.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "loopguard_proxy_connection_limit_waits_total",
+            "Connections accepted only after waiting for a free slot (--max-connections reached).",
+            self.connection_waits.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "loopguard_proxy_slow_clients_total",
+            "Connections closed because the request headers or body came too slowly (--header-timeout).",
+            self.slow_clients.load(Ordering::Relaxed),
         );
         self.commands.render(
             &mut out,

@@ -136,7 +136,14 @@ fn passed_back(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads a request body of at most `limit` bytes; a pause longer than `pause` between its
+/// parts is a 408.
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    pause: Duration,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -154,7 +161,19 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     }
     let mut stream = body.into_data_stream();
     let mut buf = Vec::with_capacity(declared.unwrap_or(0));
-    while let Some(chunk) = stream.next().await {
+    loop {
+        let Ok(next) = timeout(pause, stream.next()).await else {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                "request_timeout",
+                format!(
+                    "the request body paused for more than {} s",
+                    pause.as_secs_f64()
+                ),
+            ));
+        };
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| {
             ApiError::invalid_request(
                 "unreadable_body",
@@ -291,9 +310,21 @@ async fn chat(Extract(state): Extract<Shared>, headers: HeaderMap, body: Body) -
 }
 
 async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: Instant) -> Response {
-    let bytes = match read_body(headers, body, state.options.max_body_bytes).await {
+    let bytes = match read_body(
+        headers,
+        body,
+        state.options.max_body_bytes,
+        state.options.header_timeout,
+    )
+    .await
+    {
         Ok(b) => b,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            if e.status == StatusCode::REQUEST_TIMEOUT {
+                state.metrics.slow_client();
+            }
+            return e.into_response();
+        }
     };
     let mut json: Value = match serde_json::from_slice(&bytes) {
         Ok(v @ Value::Object(_)) => v,
