@@ -228,22 +228,24 @@ pub(crate) struct InputError {
     pub message: String,
 }
 
-/// Reads a file as UTF-8 text.
+/// Largest transcript (or case file) accepted: recorded conversations are far larger than
+/// policies, but a file is still read whole into memory.
+pub const MAX_TRANSCRIPT_BYTES: usize = 64 << 20;
+
+/// Reads a transcript (or a case's sidecar) as UTF-8 text: a regular file of at most
+/// [`MAX_TRANSCRIPT_BYTES`]. Text that is not UTF-8 is invalid input; anything else that stops
+/// the read (a missing file, a device or FIFO, a file over the limit) means it cannot run.
 pub(crate) fn read_text(file: &Path) -> Result<String, InputError> {
-    match std::fs::read(file) {
-        Ok(bytes) => String::from_utf8(bytes).map_err(|e| InputError {
-            code: EXIT_INVALID,
-            message: format!(
-                "{}: not UTF-8 text (invalid byte at offset {})",
-                file.display(),
-                e.utf8_error().valid_up_to()
-            ),
-        }),
-        Err(e) => Err(InputError {
-            code: EXIT_CANNOT_RUN,
+    loopguard_rules::read::read_text(file, MAX_TRANSCRIPT_BYTES, "transcripts").map_err(|e| {
+        InputError {
+            code: if e.kind() == std::io::ErrorKind::InvalidData {
+                EXIT_INVALID
+            } else {
+                EXIT_CANNOT_RUN
+            },
             message: format!("{}: {e}", file.display()),
-        }),
-    }
+        }
+    })
 }
 
 /// Parses the text of `file` as a transcript of any supported format.

@@ -232,32 +232,9 @@ impl Policy {
 pub const DEFAULT_POLICY: &str = include_str!("../../../rules/default.yaml");
 
 fn read_limited(path: &Path) -> Result<String, LoadError> {
-    let meta = std::fs::metadata(path).map_err(|source| LoadError::Read {
+    crate::read::read_text(path, MAX_FILE_BYTES, "policy files").map_err(|source| LoadError::Read {
         path: path.into(),
         source,
-    })?;
-    if meta.is_dir() {
-        return Err(LoadError::Read {
-            path: path.into(),
-            source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"),
-        });
-    }
-    if meta.len() > MAX_FILE_BYTES as u64 {
-        return Err(LoadError::Read {
-            path: path.into(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::FileTooLarge,
-                format!("larger than the {MAX_FILE_BYTES}-byte limit for policy files"),
-            ),
-        });
-    }
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-        path: path.into(),
-        source,
-    })?;
-    String::from_utf8(bytes).map_err(|e| LoadError::Read {
-        path: path.into(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8: {e}")),
     })
 }
 

@@ -1,0 +1,147 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
+
+//! Hostile files given to the real `loopctl` binary: devices, FIFOs, files over the limits,
+//! huge lines, files that are not policies. Every one ends in a clear error and a non-zero exit,
+//! never a hang, a panic or the file's contents on the screen. The large inputs are generated
+//! here at run time.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use loopguard_tests::loopctl_clean;
+
+/// Long enough for a slow debug build, far shorter than reading `/dev/zero` until memory runs
+/// out or waiting on a FIFO forever.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+struct Run {
+    code: Option<i32>,
+    #[allow(dead_code)] // read by later tests of this file
+    stdout: String,
+    stderr: String,
+}
+
+fn run(args: &[&str]) -> Run {
+    let out = loopctl_clean()
+        .args(args)
+        .timeout(PATIENCE)
+        .output()
+        .expect("run loopctl");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
+
+/// A FIFO nobody writes to: opening it for reading the ordinary way blocks forever.
+#[cfg(unix)]
+fn fifo(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .expect("run mkfifo")
+        .success();
+    assert!(ok, "mkfifo {}", path.display());
+    path
+}
+
+/// The devices that never end, where this system has them.
+fn endless_devices() -> Vec<&'static str> {
+    ["/dev/zero", "/dev/urandom"]
+        .into_iter()
+        .filter(|d| Path::new(d).exists())
+        .collect()
+}
+
+const EVENTS: &str = "{\"type\":\"call\",\"id\":\"a\",\"tool\":\"ls\"}\n";
+
+#[cfg(unix)]
+#[test]
+fn devices_and_fifos_are_refused_wherever_loopctl_reads_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = fifo(dir.path(), "pipe.yaml");
+    let transcript = write(dir.path(), "t.jsonl", EVENTS);
+    let mut specials: Vec<&str> = endless_devices();
+    specials.push(s(&pipe));
+    for special in specials {
+        // `validate PATH`: the file cannot be read.
+        let r = run(&["validate", special]);
+        assert_eq!(r.code, Some(2), "validate {special}: {}", r.stderr);
+        assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+
+        // `--rules` of simulate and test.
+        let r = run(&["simulate", "--rules", special, s(&transcript)]);
+        assert_eq!(r.code, Some(2), "simulate --rules {special}: {}", r.stderr);
+        assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+        let r = run(&["test", "--rules", special, s(&transcript)]);
+        assert_eq!(r.code, Some(2), "test --rules {special}: {}", r.stderr);
+
+        // Transcripts and cases.
+        let r = run(&["simulate", special]);
+        assert_eq!(r.code, Some(2), "simulate {special}: {}", r.stderr);
+        assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+        let r = run(&["test", special]);
+        assert_eq!(r.code, Some(2), "test {special}: {}", r.stderr);
+        assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+
+        // `extends:` inside a policy: an invalid policy, with the reason.
+        let policy = write(
+            dir.path(),
+            "extends.yaml",
+            &format!("version: 1\nextends: {special}\n"),
+        );
+        let r = run(&["validate", s(&policy)]);
+        assert_eq!(r.code, Some(1), "extends: {special}: {}", r.stderr);
+        assert!(r.stderr.contains("missing-extends"), "{}", r.stderr);
+        assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+    }
+}
+
+#[test]
+fn files_over_the_limits_are_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sparse files: over the limit without writing the bytes.
+    let policy = dir.path().join("big.yaml");
+    std::fs::File::create(&policy)
+        .unwrap()
+        .set_len((1 << 20) + 1)
+        .unwrap();
+    let r = run(&["validate", s(&policy)]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("larger than the 1048576-byte limit for policy files"),
+        "{}",
+        r.stderr
+    );
+    let parent = write(dir.path(), "child.yaml", "version: 1\nextends: big.yaml\n");
+    let r = run(&["validate", s(&parent)]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("1048576-byte limit"), "{}", r.stderr);
+
+    let transcript = dir.path().join("big.jsonl");
+    std::fs::File::create(&transcript)
+        .unwrap()
+        .set_len((64 << 20) + 1)
+        .unwrap();
+    let r = run(&["simulate", s(&transcript)]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("larger than the 67108864-byte limit for transcripts"),
+        "{}",
+        r.stderr
+    );
+}
