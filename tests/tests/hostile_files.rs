@@ -145,3 +145,98 @@ fn files_over_the_limits_are_refused_naming_the_limit() {
         r.stderr
     );
 }
+
+/// A diagnostic at a column past 65,535 (a 70 KB single-line policy) used to panic miette's
+/// renderer; the snippet now shows a window of the line, and the true line and column.
+#[test]
+fn a_diagnostic_past_column_65535_renders_a_window_of_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!("version: 1\ndescription: {} : bad: [\n", "x".repeat(70_000));
+    let policy = write(dir.path(), "long-line.yaml", &text);
+    let r = run(&["validate", s(&policy)]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("long-line.yaml:2:70015]"), "{}", r.stderr);
+    assert!(r.stderr.contains("yaml-syntax"), "{}", r.stderr);
+    let widest = r.stderr.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(widest < 200, "a line of {widest} characters was printed");
+
+    // The same column in JSON, and an error on the line after a long one.
+    let r = run(&["validate", "--error-format", "json", s(&policy)]);
+    let report: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["diagnostics"][0]["line"], 2);
+    assert_eq!(report["diagnostics"][0]["column"], 70015);
+    let text = format!(
+        "version: 1\ndescription: \"{}\"\nwindow: {{ size: x }}\n",
+        "é".repeat(70_000)
+    );
+    let policy = write(dir.path(), "after-long-line.yaml", &text);
+    let r = run(&["validate", s(&policy)]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("after-long-line.yaml:3:"), "{}", r.stderr);
+    let widest = r.stderr.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(widest < 200, "a line of {widest} characters was printed");
+}
+
+/// `extends:` (or `--rules`, or `validate PATH`) naming a file that is not a policy used to put
+/// the file's contents in the diagnostic's snippet: the process environment for
+/// `/proc/self/environ`, with every API key in it.
+#[test]
+fn a_file_that_is_not_a_policy_is_never_quoted_in_diagnostics() {
+    const SECRET: &str = "sk-secret-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let env_file = write(
+        dir.path(),
+        "secrets.env",
+        &format!("OPENAI_API_KEY={SECRET}\nOTHER=1\n"),
+    );
+    let yaml_secrets = write(
+        dir.path(),
+        "secrets.yaml",
+        &format!("api_key: {SECRET}\nregion: eu\n"),
+    );
+    let broken_secrets = write(
+        dir.path(),
+        "broken.yaml",
+        &format!("token: [{SECRET}\n  : {{{SECRET}\n"),
+    );
+    let transcript = write(dir.path(), "t.jsonl", EVENTS);
+    let mut targets = vec![
+        s(&env_file).to_owned(),
+        s(&yaml_secrets).to_owned(),
+        s(&broken_secrets).to_owned(),
+    ];
+    if Path::new("/proc/self/environ").exists() {
+        targets.push("/proc/self/environ".to_owned());
+    }
+    for target in &targets {
+        let policy = write(
+            dir.path(),
+            "extends.yaml",
+            &format!("version: 1\nextends: {target}\n"),
+        );
+        let runs = [
+            vec!["validate", s(&policy)],
+            vec!["validate", target.as_str()],
+            vec!["simulate", "--rules", target.as_str(), s(&transcript)],
+            vec!["simulate", "--rules", s(&policy), s(&transcript)],
+        ];
+        for args in runs {
+            let out = loopctl_clean()
+                .args(&args)
+                .env("LOOPGUARD_TEST_API_KEY", SECRET)
+                .timeout(PATIENCE)
+                .output()
+                .expect("run loopctl");
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(
+                !stdout.contains(SECRET) && !stderr.contains(SECRET),
+                "{args:?} printed the secret:\n{stdout}\n{stderr}"
+            );
+            assert!(stderr.contains("is not quoted"), "{args:?}: {stderr}");
+        }
+    }
+}

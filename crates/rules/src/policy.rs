@@ -338,6 +338,14 @@ fn yaml_error(text: &str, source: SourceId, e: &serde_saphyr::Error) -> Diagnost
             "document too large or complex".to_owned(),
             "policy files are limited in node count, aliases and size",
         )
+    } else if !crate::diagnostic::declares_policy(text) {
+        // The parser's message may quote the text (a character, a name); a file that does not
+        // declare itself a policy is never quoted.
+        (
+            "yaml-syntax",
+            "invalid YAML".to_owned(),
+            "check that this file is the policy meant",
+        )
     } else {
         (
             "yaml-syntax",
