@@ -16,7 +16,6 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 struct Run {
     code: Option<i32>,
-    #[allow(dead_code)] // read by later tests of this file
     stdout: String,
     stderr: String,
 }
@@ -239,4 +238,57 @@ fn a_file_that_is_not_a_policy_is_never_quoted_in_diagnostics() {
             assert!(stderr.contains("is not quoted"), "{args:?}: {stderr}");
         }
     }
+}
+
+/// A 150,000-character glob (`*a*a*a…`) in a 200 KB policy panicked inside `globset`.
+#[test]
+fn a_150000_character_glob_is_refused_with_the_limit_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "version: 1\ncategories:\n  x:\n    tools: [\"{}\"]\n  y:\n    tools: [\"{}\"]\n",
+        "*a".repeat(75_000),
+        "*b".repeat(25_000)
+    );
+    assert!(text.len() > 200_000);
+    let policy = write(dir.path(), "long-glob.yaml", &text);
+    let r = run(&["validate", s(&policy)]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("too-complex"), "{}", r.stderr);
+    assert!(r.stderr.contains("1024 bytes"), "{}", r.stderr);
+    let r = run(&[
+        "simulate",
+        "--rules",
+        s(&policy),
+        s(&write(dir.path(), "t.jsonl", EVENTS)),
+    ]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+}
+
+/// 1,000 `\w{20}N` regexes (26 KB) each fit the per-regex limit but took 38 s and 1.2 GB to
+/// validate together; the policy's total budget refuses them after a few.
+#[test]
+fn a_thousand_large_regexes_exhaust_the_policy_budget_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::from("version: 1\nresults:\n  error_patterns:\n");
+    for i in 0..1000 {
+        text.push_str(&format!("    - '\\w{{20}}{i}'\n"));
+    }
+    let policy = write(dir.path(), "many-regexes.yaml", &text);
+    let started = std::time::Instant::now();
+    let r = run(&["validate", "--error-format", "json", s(&policy)]);
+    let took = started.elapsed();
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    let report: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let diags = report["diagnostics"].as_array().unwrap();
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(diags[0]["code"], "too-complex");
+    assert!(
+        diags[0]["label"]
+            .as_str()
+            .unwrap()
+            .contains("4194304-byte limit"),
+        "{diags:?}"
+    );
+    // A sanity bound only (a debug build on a slow machine): it used to take 38 s.
+    assert!(took < Duration::from_secs(20), "validation took {took:?}");
 }

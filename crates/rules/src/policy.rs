@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use globset::GlobMatcher;
 use serde_saphyr::Spanned;
 
-use crate::check::{check_section, compile_glob};
+use crate::check::{Budget, check_section, compile_glob};
 use crate::config::{Config, PluginSpec};
 use crate::diagnostic::{Diagnostic, SourceMap};
 use crate::node::{Node, SourceId, Span, Value};
@@ -80,7 +80,15 @@ impl Policy {
         let mut sources = SourceMap::default();
         let mut diagnostics = Vec::new();
         let mut chain = Vec::new();
-        let merged = load_chain(path, text, &mut sources, &mut diagnostics, &mut chain);
+        let mut budget = Budget::default();
+        let merged = load_chain(
+            path,
+            text,
+            &mut sources,
+            &mut diagnostics,
+            &mut chain,
+            &mut budget,
+        );
         let policy = merged.and_then(|tree| {
             let mut root = defaults().clone();
             root.merge(&tree);
@@ -388,6 +396,7 @@ fn load_chain(
     sources: &mut SourceMap,
     diagnostics: &mut Vec<Diagnostic>,
     chain: &mut Vec<PathBuf>,
+    budget: &mut Budget,
 ) -> Option<Node> {
     let id = sources.add(path, text);
     let text = sources.get(id).map(|s| s.text.clone()).unwrap_or_default();
@@ -398,7 +407,7 @@ fn load_chain(
             return None;
         }
     };
-    check_section(&node, POLICY, "", diagnostics);
+    check_section(&node, POLICY, "", diagnostics, budget);
     semantic::check_version(&node, diagnostics);
     chain.push(canonical(path));
 
@@ -459,7 +468,14 @@ fn load_chain(
             return Some(node);
         }
     };
-    let parent = load_chain(&parent_path, parent_text, sources, diagnostics, chain);
+    let parent = load_chain(
+        &parent_path,
+        parent_text,
+        sources,
+        diagnostics,
+        chain,
+        budget,
+    );
     chain.pop();
     match parent {
         Some(mut merged) => {
