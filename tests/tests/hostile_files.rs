@@ -292,3 +292,57 @@ fn a_thousand_large_regexes_exhaust_the_policy_budget_quickly() {
     // A sanity bound only (a debug build on a slow machine): it used to take 38 s.
     assert!(took < Duration::from_secs(20), "validation took {took:?}");
 }
+
+/// `simulate` recounted lines from the start of the file for every chat message (4.6 MB took
+/// 46 s) and looked sessions up in a list (100,000 one-event sessions took 83 s). The bound
+/// here is a sanity check only, generous for a debug build: both now take a few seconds.
+#[test]
+fn simulate_is_linear_in_messages_and_in_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = String::new();
+    for i in 0..100_000 {
+        sessions.push_str(&format!(
+            "{{\"type\":\"call\",\"session\":\"s{i}\",\"id\":\"a\",\"tool\":\"ls\"}}\n"
+        ));
+    }
+    let sessions = write(dir.path(), "sessions.jsonl", &sessions);
+
+    // 20,000 exchanges (about 5 MB), one message per line, ending in a loop.
+    let mut messages = Vec::new();
+    let exchange = |i: usize, path: &str| {
+        [
+            format!(
+                "{{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{{\"id\":\"c{i}\",\"type\":\"function\",\"function\":{{\"name\":\"read_file\",\"arguments\":\"{{\\\"path\\\":\\\"{path}\\\"}}\"}}}}]}}"
+            ),
+            format!(
+                "{{\"role\":\"tool\",\"tool_call_id\":\"c{i}\",\"content\":\"{}\"}}",
+                "x".repeat(150)
+            ),
+        ]
+    };
+    for i in 0..20_000 {
+        messages.extend(exchange(i, &format!("src/f{i}.rs")));
+    }
+    for i in 20_000..20_004 {
+        messages.extend(exchange(i, "src/same.rs"));
+    }
+    let chat = write(
+        dir.path(),
+        "chat.json",
+        &format!("[\n{}\n]\n", messages.join(",\n")),
+    );
+    assert!(std::fs::metadata(&chat).unwrap().len() > 4_600_000);
+
+    let started = std::time::Instant::now();
+    let r = run(&["simulate", "--quiet", s(&sessions)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let r = run(&["simulate", "--json", s(&chat)]);
+    assert_eq!(r.code, Some(3), "{}", r.stderr);
+    let took = started.elapsed();
+    // Lines are still right at the end of the file: one event per message, message N (from
+    // 1) on line N + 1; the first intervention is on the result of the third identical read.
+    let first: serde_json::Value = serde_json::from_str(r.stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(first["event"], 2 * 20_003, "{first}");
+    assert_eq!(first["line"], 2 * 20_003 + 1, "{first}");
+    assert!(took < Duration::from_secs(40), "took {took:?}");
+}
