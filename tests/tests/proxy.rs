@@ -563,6 +563,33 @@ async fn sighup_reloads_and_a_broken_policy_keeps_the_old_one() {
     assert_eq!(outcomes, [Released, Released, Refused], "new policy");
 }
 
+/// A policy replaced by a FIFO nobody writes to: the SIGHUP reload fails at once (reading it
+/// would block forever) and the next reload of a real file still works.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reload_of_a_fifo_fails_fast_and_the_next_reload_works() {
+    let up = Upstream::start().await;
+    let (p, dir) = start(&up, 3, &[]);
+    let path = dir.path().join("policy.yaml");
+    std::fs::remove_file(&path).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(made, "mkfifo");
+    p.signal("HUP");
+    p.wait_metric("loopguard_proxy_policy_reloads_total{result=\"failed\"}", 1)
+        .await;
+    assert!(p.log().contains("not a regular file"), "{}", p.log());
+
+    std::fs::remove_file(&path).unwrap();
+    write_policy(dir.path(), 2);
+    p.signal("HUP");
+    p.wait_metric("loopguard_proxy_policy_reloads_total{result=\"ok\"}", 1)
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_upstream_is_a_502_and_the_proxy_stays_up() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -529,3 +529,70 @@ fn loopguard_environment_variables_are_the_server_tier() {
         .unwrap();
     assert_eq!(missing.status.code(), Some(2));
 }
+
+/// A failing build repeated until it is blocked, then failing variations until the error
+/// cascade stops the run; call ids as `ids` says: `unique`, `missing` or `reused`.
+fn blocked_then_cascade(ids: &str) -> String {
+    let mut lines = Vec::new();
+    let mut n = 0;
+    let mut exchange = |command: String, output: String| {
+        n += 1;
+        let id = match ids {
+            "unique" => Some(format!("c{n}")),
+            "reused" => Some("call_0".to_owned()),
+            _ => None,
+        };
+        let mut call = json!({"type": "call", "tool": "bash", "arguments": {"command": command}});
+        let mut result = json!({"type": "result", "output": output, "error": true});
+        if let Some(id) = id {
+            call["id"] = json!(id);
+            result["id"] = json!(id);
+        }
+        lines.push(call.to_string());
+        lines.push(result.to_string());
+    };
+    for _ in 0..4 {
+        exchange("make".into(), "make: *** [all] Error 2".into());
+    }
+    for k in 0..12 {
+        exchange(
+            format!("make target{k}"),
+            format!("make: *** No rule to make target `target{k}'. Stop."),
+        );
+    }
+    lines.join("\n") + "\n"
+}
+
+/// Once a call was blocked, every later result of its session used to be dropped when call
+/// ids were missing or reused (results were matched to blocked calls by id alone), so a later
+/// `terminate` that needs those results silently disappeared. Results now answer the oldest
+/// unanswered call with their id.
+#[test]
+fn a_later_terminate_is_not_lost_when_call_ids_are_missing_or_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let verdicts = |ids: &str| -> Vec<(u64, String)> {
+        let file = write(
+            dir.path(),
+            &format!("{ids}.jsonl"),
+            &blocked_then_cascade(ids),
+        );
+        let (code, records, stderr) = simulate_json(&[&file]);
+        assert_eq!(code, Some(3), "{stderr}");
+        records
+            .iter()
+            .map(|r| {
+                (
+                    r["event"].as_u64().unwrap(),
+                    r["action"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let unique = verdicts("unique");
+    assert!(
+        unique.iter().any(|(_, a)| a == "block") && unique.last().unwrap().1 == "terminate",
+        "{unique:?}"
+    );
+    assert_eq!(verdicts("missing"), unique, "ids missing");
+    assert_eq!(verdicts("reused"), unique, "ids reused");
+}

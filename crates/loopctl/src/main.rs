@@ -101,7 +101,8 @@ enum Command {
     /// Transcripts are loopguard event JSON Lines, OpenAI chat-completions messages (an array,
     /// JSON Lines, or a request body with `messages`) or Anthropic messages, detected from the
     /// content. The policy's plugins are loaded and run beside the built-in detectors (their
-    /// detections show under the plugin's name). Exit status: 0 when the policy never
+    /// detections show under the plugin's name). Transcripts are read whole, up to 64 MiB each
+    /// (policies: 1 MiB); only regular files are read. Exit status: 0 when the policy never
     /// intervened, 3 when it did, 1 on bad input (a malformed transcript or policy, a plugin that
     /// does not load), 2 when a file could not be read.
     Simulate {

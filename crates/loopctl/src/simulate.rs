@@ -14,7 +14,7 @@
 //! [`Intervention`]s and reports the rest of the timeline to a caller-supplied sink, so both
 //! commands judge exactly the same verdicts.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use loopguard_engine::LoadedPlugin;
@@ -228,22 +228,24 @@ pub(crate) struct InputError {
     pub message: String,
 }
 
-/// Reads a file as UTF-8 text.
+/// Largest transcript (or case file) accepted: recorded conversations are far larger than
+/// policies, but a file is still read whole into memory.
+pub const MAX_TRANSCRIPT_BYTES: usize = 64 << 20;
+
+/// Reads a transcript (or a case's sidecar) as UTF-8 text: a regular file of at most
+/// [`MAX_TRANSCRIPT_BYTES`]. Text that is not UTF-8 is invalid input; anything else that stops
+/// the read (a missing file, a device or FIFO, a file over the limit) means it cannot run.
 pub(crate) fn read_text(file: &Path) -> Result<String, InputError> {
-    match std::fs::read(file) {
-        Ok(bytes) => String::from_utf8(bytes).map_err(|e| InputError {
-            code: EXIT_INVALID,
-            message: format!(
-                "{}: not UTF-8 text (invalid byte at offset {})",
-                file.display(),
-                e.utf8_error().valid_up_to()
-            ),
-        }),
-        Err(e) => Err(InputError {
-            code: EXIT_CANNOT_RUN,
+    loopguard_rules::read::read_text(file, MAX_TRANSCRIPT_BYTES, "transcripts").map_err(|e| {
+        InputError {
+            code: if e.kind() == std::io::ErrorKind::InvalidData {
+                EXIT_INVALID
+            } else {
+                EXIT_CANNOT_RUN
+            },
             message: format!("{}: {e}", file.display()),
-        }),
-    }
+        }
+    })
 }
 
 /// Parses the text of `file` as a transcript of any supported format.
@@ -552,13 +554,23 @@ pub(crate) enum Step<'r> {
 
 /// Per-session bookkeeping of the replay.
 #[derive(Default)]
-struct SessionState {
+struct SessionState<'a> {
     /// Transcript-wide call index of each call the engine has seen in this session since it
     /// started or was reset, by the engine's 1-based sequence number.
     calls: Vec<usize>,
-    blocked: HashSet<String>,
+    /// The calls not answered yet, by call id (the empty id for calls without one), oldest
+    /// first: a result answers the oldest unanswered call with its id, so results find their
+    /// calls by position when ids are missing or reused.
+    pending: HashMap<&'a str, VecDeque<Pending<'a>>>,
     terminated: bool,
     skipped: usize,
+}
+
+/// A call waiting for its result.
+struct Pending<'a> {
+    tool: &'a str,
+    /// The call was blocked: the host never ran it, so its result is not replayed.
+    blocked: bool,
 }
 
 /// Replays transcripts through one engine like a host that obeys every verdict: one transcript,
@@ -570,8 +582,9 @@ pub(crate) fn replay(
     engine: &Engine,
     sink: &mut dyn FnMut(Step<'_>),
 ) -> Vec<Intervention> {
-    let mut sessions: HashMap<(usize, &str), SessionState> = HashMap::new();
-    let mut tools_by_id: HashMap<(usize, &str, &str), &str> = HashMap::new();
+    // Sessions in the order they first appear, and where each is in that list.
+    let mut sessions: Vec<((usize, &str), SessionState<'_>)> = Vec::new();
+    let mut session_index: HashMap<(usize, &str), usize> = HashMap::new();
     // Per transcript: call numbers count the calls of their own file.
     let mut call_counts = vec![0usize; workers.len()];
     let mut interventions = Vec::new();
@@ -600,14 +613,17 @@ pub(crate) fn replay(
             Some(_) => engine_session.as_str(),
             None => item.session.as_str(),
         };
-        let state = sessions
-            .entry((w, item.session.as_str()))
-            .or_insert_with(|| {
-                if let Some(g) = group {
-                    engine.join_group(session, g, &worker.name);
-                }
-                SessionState::default()
-            });
+        let key = (w, item.session.as_str());
+        let index = *session_index.entry(key).or_insert_with(|| {
+            if let Some(g) = group {
+                engine.join_group(session, g, &worker.name);
+            }
+            sessions.push((key, SessionState::default()));
+            sessions.len() - 1
+        });
+        let Some((_, state)) = sessions.get_mut(index) else {
+            continue;
+        };
         if state.terminated {
             state.skipped += 1;
             continue;
@@ -616,7 +632,14 @@ pub(crate) fn replay(
             Kind::Call { id, tool, .. } => {
                 *call_index += 1;
                 state.calls.push(*call_index);
-                tools_by_id.insert((w, item.session.as_str(), id.as_str()), tool.as_str());
+                state
+                    .pending
+                    .entry(id.as_str())
+                    .or_default()
+                    .push_back(Pending {
+                        tool: tool.as_str(),
+                        blocked: false,
+                    });
                 sink(Step::Call {
                     worker: w,
                     call: *call_index,
@@ -625,7 +648,11 @@ pub(crate) fn replay(
                 Some(tool.as_str())
             }
             Kind::Result { id, .. } => {
-                if state.blocked.contains(id) {
+                let answered = state
+                    .pending
+                    .get_mut(id.as_str())
+                    .and_then(VecDeque::pop_front);
+                if answered.as_ref().is_some_and(|p| p.blocked) {
                     sink(Step::BlockedResult {
                         worker: w,
                         item,
@@ -633,23 +660,25 @@ pub(crate) fn replay(
                     });
                     continue;
                 }
-                tools_by_id
-                    .get(&(w, item.session.as_str(), id.as_str()))
-                    .copied()
+                answered.map(|p| p.tool)
             }
             Kind::Text { .. } => Some("text"),
             Kind::User { .. } => Some("user"),
             Kind::Reset => {
                 state.calls.clear();
-                state.blocked.clear();
+                state.pending.clear();
                 None
             }
         };
         let verdict = engine.observe(&engine_event(&item.kind, session, item.time_ms));
         if let Kind::Call { id, .. } = &item.kind
             && verdict.action >= Action::Block
+            && let Some(call) = state
+                .pending
+                .get_mut(id.as_str())
+                .and_then(VecDeque::back_mut)
         {
-            state.blocked.insert(id.clone());
+            call.blocked = true;
         }
         for note in &verdict.notes {
             sink(Step::Note {

@@ -15,6 +15,7 @@
 //! message has a numeric `time` (seconds). Tool-call arguments that are not valid JSON are kept
 //! as raw text.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::Value;
@@ -222,13 +223,44 @@ struct Body<'a> {
     messages: Vec<&'a RawValue>,
 }
 
-/// The 1-based line where `part` (a slice of `text`) starts.
-fn line_of(text: &str, part: &str) -> Line {
-    let offset = (part.as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
-    text.as_bytes()
-        .get(..offset.min(text.len()))
-        .map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
-        + 1
+/// Finds the 1-based lines where slices of a text start, for slices taken in order: each call
+/// counts only the newlines since the previous one, so numbering every message of a transcript
+/// is linear in its size.
+struct Lines<'t> {
+    text: &'t str,
+    /// Byte offset counted up to, and the line it is on.
+    offset: usize,
+    line: Line,
+}
+
+impl<'t> Lines<'t> {
+    fn new(text: &'t str) -> Self {
+        Lines {
+            text,
+            offset: 0,
+            line: 1,
+        }
+    }
+
+    /// The 1-based line where `part` (a slice of the text) starts.
+    fn of(&mut self, part: &str) -> Line {
+        let offset = (part.as_ptr() as usize)
+            .saturating_sub(self.text.as_ptr() as usize)
+            .min(self.text.len());
+        if offset < self.offset {
+            // Out of order: count again from the start.
+            self.offset = 0;
+            self.line = 1;
+        }
+        let newlines = self
+            .text
+            .as_bytes()
+            .get(self.offset..offset)
+            .map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
+        self.line += newlines;
+        self.offset = offset;
+        self.line
+    }
 }
 
 // --- loopguard event JSON Lines ----------------------------------------------------------------
@@ -427,7 +459,7 @@ struct Turns {
     turn: u64,
     /// The kind of the previous event per session: was it a call, or a streamed chunk that did not
     /// end its turn?
-    last: Vec<(String, Prev)>,
+    last: HashMap<String, Prev>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -439,11 +471,7 @@ enum Prev {
 
 impl Turns {
     fn next(&mut self, session: &str, kind: &Kind, explicit: Option<u64>) -> u64 {
-        let prev = self
-            .last
-            .iter()
-            .find(|(s, _)| s == session)
-            .map_or(Prev::Other, |(_, p)| *p);
+        let prev = self.last.get(session).copied().unwrap_or(Prev::Other);
         let now = match kind {
             Kind::Call { .. } => Prev::Call,
             Kind::Text {
@@ -463,9 +491,11 @@ impl Turns {
         } else if starts {
             self.turn += 1;
         }
-        match self.last.iter_mut().find(|(s, _)| s == session) {
-            Some(entry) => entry.1 = now,
-            None => self.last.push((session.to_owned(), now)),
+        match self.last.get_mut(session) {
+            Some(prev) => *prev = now,
+            None => {
+                self.last.insert(session.to_owned(), now);
+            }
         }
         self.turn
     }
@@ -478,8 +508,11 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
     let mut clock = Clock::default();
     let mut turn = 0u64;
     let mut synthetic_ids = 0u64;
+    let mut lines = Lines::new(text);
+    // The id of the latest call, which a legacy `function` result answers.
+    let mut latest_call: Option<String> = None;
     for r in raw {
-        let line = line_of(text, r.get());
+        let line = lines.of(r.get());
         let msg: Value = serde_json::from_str(r.get()).map_err(|e| BadInput::json(&e, line))?;
         let Value::Object(obj) = &msg else {
             return Err(BadInput::at(line, "a message must be a JSON object"));
@@ -562,6 +595,7 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                         synthetic_ids += 1;
                         format!("call_{synthetic_ids}")
                     });
+                    latest_call = Some(id.clone());
                     push(
                         Kind::Call {
                             id,
@@ -577,16 +611,9 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
                 let id = match f.string("tool_call_id")? {
                     Some(id) => id,
                     // Legacy `function` results answer the latest call without an id.
-                    None => items
-                        .iter()
-                        .rev()
-                        .find_map(|i| match &i.kind {
-                            Kind::Call { id, .. } => Some(id.clone()),
-                            _ => None,
-                        })
-                        .ok_or_else(|| {
-                            BadInput::at(line, "a tool message needs a `tool_call_id`")
-                        })?,
+                    None => latest_call.clone().ok_or_else(|| {
+                        BadInput::at(line, "a tool message needs a `tool_call_id`")
+                    })?,
                 };
                 let output = content_text(obj.get("content").unwrap_or(&Value::Null), line)?;
                 let error = f.boolean("is_error")?.unwrap_or(false);

@@ -7,6 +7,18 @@ use crate::schema::{Field, Kind, PLACEHOLDERS, kind_name};
 
 /// Largest compiled size accepted for one regex, so a hostile pattern cannot eat memory.
 pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Largest compiled size (of the regexes' automata, in bytes) accepted for all the regexes of
+/// one policy, the files it extends included: each regex is bounded by [`REGEX_SIZE_LIMIT`],
+/// and this bounds how many such regexes a policy may hold, so a policy cannot take minutes and
+/// gigabytes to compile.
+pub const REGEX_TOTAL_LIMIT: usize = 4 << 20;
+/// Longest tool-name glob accepted, in bytes.
+pub const GLOB_MAX_LEN: usize = 1024;
+/// Most wildcards (`*`, `?`, `[`, `{`) accepted in one glob.
+pub const GLOB_MAX_WILDCARDS: usize = 64;
+/// Largest compiled size accepted for one glob's automaton; globs within the length and
+/// wildcard limits stay far below it.
+const GLOB_SIZE_LIMIT: usize = 1 << 20;
 
 /// Compiles a policy regex with the limits every user of policy regexes applies.
 pub fn compile_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
@@ -16,16 +28,150 @@ pub fn compile_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
         .build()
 }
 
-/// Compiles a tool-name glob.
-pub fn compile_glob(pattern: &str) -> Result<globset::GlobMatcher, globset::Error> {
-    globset::GlobBuilder::new(pattern)
+/// A glob that was not compiled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GlobError {
+    /// Not a glob: an unclosed bracket, say.
+    Invalid(String),
+    /// Over [`GLOB_MAX_LEN`] or [`GLOB_MAX_WILDCARDS`], or an automaton too large.
+    TooComplex(String),
+}
+
+impl std::fmt::Display for GlobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GlobError::Invalid(m) | GlobError::TooComplex(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Compiles a tool-name glob, refusing one over the length and wildcard limits before it
+/// reaches `globset` (which panics when the automaton of a glob is too large).
+pub fn compile_glob(pattern: &str) -> Result<globset::GlobMatcher, GlobError> {
+    if pattern.len() > GLOB_MAX_LEN {
+        return Err(GlobError::TooComplex(format!(
+            "longer than {GLOB_MAX_LEN} bytes"
+        )));
+    }
+    let wildcards = pattern
+        .bytes()
+        .filter(|b| matches!(b, b'*' | b'?' | b'[' | b'{'))
+        .count();
+    if wildcards > GLOB_MAX_WILDCARDS {
+        return Err(GlobError::TooComplex(format!(
+            "more than {GLOB_MAX_WILDCARDS} wildcards"
+        )));
+    }
+    let glob = globset::GlobBuilder::new(pattern)
         .literal_separator(false)
         .build()
-        .map(|g| g.compile_matcher())
+        .map_err(|e| GlobError::Invalid(e.kind().to_string()))?;
+    // The automaton is built here first, with a limit and an error instead of a panic.
+    if wildcards > 0 {
+        let config = regex_automata::nfa::thompson::Config::new()
+            .nfa_size_limit(Some(GLOB_SIZE_LIMIT))
+            .which_captures(regex_automata::nfa::thompson::WhichCaptures::None);
+        regex_automata::nfa::thompson::Compiler::new()
+            .syntax(regex_automata::util::syntax::Config::new().utf8(false))
+            .configure(config)
+            .build(glob.regex())
+            .map_err(|e| GlobError::TooComplex(format!("its automaton is too large: {e}")))?;
+    }
+    Ok(glob.compile_matcher())
+}
+
+/// What the regexes of one policy (its extended files included) may still use of
+/// [`REGEX_TOTAL_LIMIT`].
+#[derive(Debug)]
+pub struct Budget {
+    regex_left: usize,
+    /// The regex that went over the budget was reported.
+    regex_reported: bool,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            regex_left: REGEX_TOTAL_LIMIT,
+            regex_reported: false,
+        }
+    }
+}
+
+/// Size of the automaton `pattern` compiles to, built with at most `limit` bytes: the same
+/// automaton `regex` builds (and bounds by its size limit) before searching. The error says
+/// whether the limit was what stopped it.
+fn regex_size(pattern: &str, limit: usize) -> Result<usize, OverLimit> {
+    let config = regex_automata::nfa::thompson::Config::new().nfa_size_limit(Some(limit));
+    regex_automata::nfa::thompson::Compiler::new()
+        .configure(config)
+        .build(pattern)
+        .map(|nfa| nfa.memory_usage())
+        .map_err(|e| OverLimit(e.size_limit().is_some()))
+}
+
+/// Why [`regex_size`] failed: over its limit (`true`), or not a valid regex (`false`).
+struct OverLimit(bool);
+
+/// Checks one regex of the policy against its own limit and what is left of the policy's
+/// budget.
+fn check_regex(
+    node: &Node,
+    pattern: &str,
+    path: &str,
+    out: &mut Vec<Diagnostic>,
+    budget: &mut Budget,
+) {
+    if budget.regex_reported {
+        return; // the policy is refused already; the rest is not compiled
+    }
+    let limit = REGEX_SIZE_LIMIT.min(budget.regex_left);
+    let over_budget = match regex_size(pattern, limit) {
+        Ok(size) => {
+            budget.regex_left = budget.regex_left.saturating_sub(size);
+            false
+        }
+        Err(OverLimit(over)) => over && limit < REGEX_SIZE_LIMIT,
+    };
+    if over_budget {
+        budget.regex_reported = true;
+        out.push(
+            Diagnostic::error(
+                "too-complex",
+                node.span,
+                format!("the policy's regexes are too large together{}", in_path(path)),
+            )
+            .with_label(format!(
+                "over the {REGEX_TOTAL_LIMIT}-byte limit for all regexes of a policy"
+            ))
+            .with_help(format!(
+                "the regexes of a policy (its extended files included) may compile to {REGEX_TOTAL_LIMIT} bytes in all; \
+                 this one and the ones after it are over: use fewer or simpler regexes (`\\w{{20}}` is large, `[a-z]{{20}}` small)"
+            )),
+        );
+        return;
+    }
+    if let Err(e) = compile_regex(pattern) {
+        out.push(
+            Diagnostic::error(
+                "invalid-regex",
+                node.span,
+                format!("invalid regex{}", in_path(path)),
+            )
+            .with_label(first_line_of_regex_error(&e))
+            .with_help("regexes use Rust `regex` syntax; escape special characters with `\\`"),
+        );
+    }
 }
 
 /// Checks a mapping against the fields of a section.
-pub fn check_section(node: &Node, fields: &'static [Field], path: &str, out: &mut Vec<Diagnostic>) {
+pub fn check_section(
+    node: &Node,
+    fields: &'static [Field],
+    path: &str,
+    out: &mut Vec<Diagnostic>,
+    budget: &mut Budget,
+) {
     let entries = match &node.value {
         Value::Map(entries) => entries.as_slice(),
         Value::Null => &[],
@@ -49,7 +195,7 @@ pub fn check_section(node: &Node, fields: &'static [Field], path: &str, out: &mu
         };
         let child_path = join(path, name);
         match fields.iter().find(|f| f.key == name) {
-            Some(field) => check_value(value, &field.kind, &child_path, out),
+            Some(field) => check_value(value, &field.kind, &child_path, out, budget),
             None => {
                 let mut diag = Diagnostic::error(
                     "unknown-key",
@@ -88,7 +234,13 @@ pub fn check_section(node: &Node, fields: &'static [Field], path: &str, out: &mu
 }
 
 /// Checks one value against its declared kind.
-pub fn check_value(node: &Node, kind: &'static Kind, path: &str, out: &mut Vec<Diagnostic>) {
+pub fn check_value(
+    node: &Node,
+    kind: &'static Kind,
+    path: &str,
+    out: &mut Vec<Diagnostic>,
+    budget: &mut Budget,
+) {
     match (kind, &node.value) {
         (Kind::Any, _) => {}
         (Kind::Bool, Value::Bool(_)) => {}
@@ -128,50 +280,44 @@ pub fn check_value(node: &Node, kind: &'static Kind, path: &str, out: &mut Vec<D
                 out.push(diag);
             }
         }
-        (Kind::Regex, Value::Str(s)) => {
-            if let Err(e) = compile_regex(s) {
-                out.push(
-                    Diagnostic::error(
-                        "invalid-regex",
-                        node.span,
-                        format!("invalid regex{}", in_path(path)),
-                    )
-                    .with_label(first_line_of_regex_error(&e))
-                    .with_help(
-                        "regexes use Rust `regex` syntax; escape special characters with `\\`",
-                    ),
-                );
-            }
-        }
-        (Kind::Glob, Value::Str(s)) => {
-            if let Err(e) = compile_glob(s) {
-                out.push(
-                    Diagnostic::error(
-                        "invalid-glob",
-                        node.span,
-                        format!("invalid glob `{s}`{}", in_path(path)),
-                    )
-                    .with_label(e.kind().to_string())
-                    .with_help(
-                        "globs use `*`, `?`, `[abc]` and `{a,b}`; close every bracket and brace",
-                    ),
-                );
-            }
-        }
+        (Kind::Regex, Value::Str(s)) => check_regex(node, s, path, out, budget),
+        (Kind::Glob, Value::Str(s)) => match compile_glob(s) {
+            Ok(_) => {}
+            Err(GlobError::Invalid(e)) => out.push(
+                Diagnostic::error(
+                    "invalid-glob",
+                    node.span,
+                    format!("invalid glob `{s}`{}", in_path(path)),
+                )
+                .with_label(e)
+                .with_help("globs use `*`, `?`, `[abc]` and `{a,b}`; close every bracket and brace"),
+            ),
+            Err(GlobError::TooComplex(e)) => out.push(
+                Diagnostic::error(
+                    "too-complex",
+                    node.span,
+                    format!("glob too long or complex{}", in_path(path)),
+                )
+                .with_label(e)
+                .with_help(format!(
+                    "a glob may be {GLOB_MAX_LEN} bytes long with {GLOB_MAX_WILDCARDS} wildcards (`*`, `?`, `[`, `{{`); list tool names instead"
+                )),
+            ),
+        },
         (Kind::Template, Value::Str(s)) => check_template(node, s, path, out),
         (Kind::List(inner), Value::Seq(items)) => {
             for (i, item) in items.iter().enumerate() {
-                check_value(item, inner, &format!("{path}[{i}]"), out);
+                check_value(item, inner, &format!("{path}[{i}]"), out, budget);
             }
         }
         (Kind::List(_), Value::Null) => {}
         (Kind::Section(fields), Value::Map(_) | Value::Null) => {
-            check_section(node, fields, path, out)
+            check_section(node, fields, path, out, budget)
         }
         (Kind::Map(inner), Value::Map(entries)) => {
             for (key, value) in entries {
                 match key.as_str() {
-                    Some(name) => check_value(value, inner, &join(path, name), out),
+                    Some(name) => check_value(value, inner, &join(path, name), out, budget),
                     None => out.push(
                         Diagnostic::error(
                             "invalid-key",
@@ -325,5 +471,67 @@ fn for_path(path: &str) -> String {
         String::new()
     } else {
         format!(" for `{path}`")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    /// `globset` panics when a glob's automaton is too large; the limits come first.
+    #[test]
+    fn globs_over_the_limits_are_errors_not_panics() {
+        let at_limit = format!("{}{}", "*a".repeat(GLOB_MAX_WILDCARDS), "b".repeat(896));
+        assert_eq!(at_limit.len(), GLOB_MAX_LEN);
+        assert!(
+            compile_glob(&at_limit)
+                .unwrap()
+                .is_match("a".repeat(64) + &"b".repeat(896))
+        );
+        let too_many = "*a".repeat(GLOB_MAX_WILDCARDS + 1);
+        assert!(matches!(
+            compile_glob(&too_many),
+            Err(GlobError::TooComplex(_))
+        ));
+        let too_long = "a".repeat(GLOB_MAX_LEN + 1);
+        assert!(matches!(
+            compile_glob(&too_long),
+            Err(GlobError::TooComplex(_))
+        ));
+        assert!(matches!(
+            compile_glob(&"*a".repeat(75_000)),
+            Err(GlobError::TooComplex(_))
+        ));
+        for odd in [
+            "[".repeat(64),
+            "{a,b}".repeat(64),
+            "{".repeat(2) + "a}}",
+            "[!a-z][^0-9]**?".repeat(12),
+            "{a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q,r,s,t,u,v,w,x,y,z}".repeat(19),
+        ] {
+            let _ = compile_glob(&odd);
+        }
+    }
+
+    #[test]
+    fn the_regex_budget_is_shared_and_reported_once() {
+        let node = crate::policy::parse_default("'\\w{20}x'");
+        let mut out = Vec::new();
+        let mut budget = Budget::default();
+        for _ in 0..100 {
+            check_value(&node, &Kind::Regex, "p", &mut out, &mut budget);
+        }
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].code, "too-complex");
+        assert!(out[0].help.as_deref().unwrap().contains("4194304 bytes"));
+        // Small regexes stay far inside it.
+        let node = crate::policy::parse_default("'(?i)error|failed'");
+        let (mut out, mut budget) = (Vec::new(), Budget::default());
+        for _ in 0..1000 {
+            check_value(&node, &Kind::Regex, "p", &mut out, &mut budget);
+        }
+        assert!(out.is_empty(), "{out:?}");
     }
 }

@@ -3,7 +3,10 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceSpan};
+use miette::{
+    GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteError, MietteSpanContents,
+    SourceCode, SourceSpan, SpanContents,
+};
 
 use crate::node::{SourceId, Span};
 
@@ -89,6 +92,26 @@ pub struct Source {
     /// The name shown in reports.
     pub name: String,
     pub text: String,
+    /// Whether diagnostics may quote the text: only files that declare themselves policies
+    /// (see [`declares_policy`]) are shown, so that a path to some other file (`extends:
+    /// /proc/self/environ`, a key file) never puts its contents on the screen or in a log.
+    pub quoted: bool,
+}
+
+/// Whether `text` declares itself a loopguard policy: it has a top-level `version: N` line.
+/// Every policy needs `version`, and other files (environment dumps, key files, `.env` files,
+/// JSON credentials) do not have such a line.
+pub fn declares_policy(text: &str) -> bool {
+    text.trim_start_matches('\u{feff}').lines().any(|line| {
+        let Some(rest) = line.strip_prefix("version") else {
+            return false;
+        };
+        let Some(rest) = rest.trim_start_matches([' ', '\t']).strip_prefix(':') else {
+            return false;
+        };
+        let value = rest.split('#').next().unwrap_or_default().trim();
+        !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 /// Every file read while loading a policy, so that diagnostics can be rendered.
@@ -103,6 +126,7 @@ impl SourceMap {
         self.sources.push(Source {
             path: path.to_path_buf(),
             name: path.display().to_string(),
+            quoted: declares_policy(&text),
             text,
         });
         id
@@ -204,30 +228,39 @@ struct Rendered {
     code: String,
     help: Option<String>,
     severity: miette::Severity,
-    source: Option<NamedSource<String>>,
+    source: Option<Excerpt>,
     span: Option<(SourceSpan, Option<String>)>,
 }
 
 impl Rendered {
     fn new(map: &SourceMap, diag: &Diagnostic) -> Self {
-        let located = map.span_of(diag).and_then(|span| {
-            let src = map.get(span.source)?;
-            // Point at one character at least, and never past the end of the text.
-            let offset = span.offset.min(src.text.len());
-            let len = span.len.max(1).min(src.text.len().saturating_sub(offset));
-            Some((
-                NamedSource::new(src.name.clone(), src.text.clone()),
-                SourceSpan::new(offset.into(), len),
-            ))
-        });
+        let mut message = diag.message.clone();
+        let mut help = diag.help.clone();
+        let mut located = None;
+        if let Some(span) = map.span_of(diag)
+            && let Some(src) = map.get(span.source)
+        {
+            if src.quoted {
+                located = Some(Excerpt::new(src, span));
+            } else {
+                // The place is still given, the text is not.
+                message = format!("{message}\nat {}", map.location(span));
+                let note = "the file is not quoted: it has no top-level `version:` line, so it \
+                    may not be a loopguard policy";
+                help = Some(match help {
+                    Some(h) => format!("{h}\n{note}"),
+                    None => note.to_owned(),
+                });
+            }
+        }
         let (source, span) = match located {
-            Some((source, span)) => (Some(source), Some((span, diag.label.clone()))),
+            Some((excerpt, span)) => (Some(excerpt), Some((span, diag.label.clone()))),
             None => (None, None),
         };
         Rendered {
-            message: diag.message.clone(),
+            message,
             code: format!("loopguard::{}", diag.code),
-            help: diag.help.clone(),
+            help,
             severity: match diag.severity {
                 Severity::Error => miette::Severity::Error,
                 Severity::Warning => miette::Severity::Warning,
@@ -235,6 +268,159 @@ impl Rendered {
             source,
             span,
         }
+    }
+}
+
+/// Longest line, in characters, that a snippet shows whole.
+pub const LONG_LINE: usize = 1_000;
+/// Characters shown before the column on a line cut for a snippet (and twice that in all).
+pub const LONG_LINE_WINDOW: usize = 60;
+
+/// The lines a snippet shows, cut from a source: the span's lines and one line of context on
+/// each side. A line longer than [`LONG_LINE`] is shown as a window around the column, so a
+/// snippet stays small however long the line; line numbers and the column in the header are
+/// those of the whole file.
+struct Excerpt {
+    name: String,
+    text: String,
+    /// 0-based line of the file where `text` starts.
+    first_line: usize,
+    /// When a line was cut: the span in `text`, and its true 0-based line and column, for the
+    /// header.
+    cut: Option<(SourceSpan, usize, usize)>,
+}
+
+impl Excerpt {
+    /// The excerpt around `span` of `src`, and the span within it.
+    fn new(src: &Source, span: Span) -> (Excerpt, SourceSpan) {
+        let text = src.text.as_str();
+        // Point at one character at least, and never past the end of the text.
+        let mut start = span.offset.min(text.len());
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let mut end = start
+            .saturating_add(span.len.max(1))
+            .min(text.len())
+            .max(start);
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        let line_start = |at: usize| text[..at].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = |at: usize| text[at..].find('\n').map_or(text.len(), |i| at + i);
+        let first = line_start(start);
+        let from = if first == 0 { 0 } else { line_start(first - 1) };
+        // The last character of the span, to find the line it ends on.
+        let mut last = end.saturating_sub(1).max(start);
+        while !text.is_char_boundary(last) {
+            last -= 1;
+        }
+        let last_end = line_end(last);
+        let to = if last_end >= text.len() {
+            text.len()
+        } else {
+            line_end(last_end + 1)
+        };
+        let first_line = text[..from].bytes().filter(|&b| b == b'\n').count();
+        let window = &text[from..to];
+        let long = window
+            .split('\n')
+            .any(|l| l.len() > LONG_LINE && l.chars().count() > LONG_LINE);
+        if !long {
+            let excerpt = Excerpt {
+                name: src.name.clone(),
+                text: window.to_owned(),
+                first_line,
+                cut: None,
+            };
+            return (excerpt, SourceSpan::new((start - from).into(), end - start));
+        }
+        // Cut every long line of the span's first line and its neighbours to the same columns.
+        let column = text[first..start].chars().count();
+        let skip = column.saturating_sub(LONG_LINE_WINDOW);
+        let take = 2 * LONG_LINE_WINDOW;
+        let own_end = line_end(start);
+        let from = if first == 0 { 0 } else { line_start(first - 1) };
+        let to = if own_end >= text.len() {
+            text.len()
+        } else {
+            line_end(own_end + 1)
+        };
+        let mut out = String::new();
+        let mut primary = SourceSpan::new(0.into(), 0);
+        let mut at = from;
+        for (i, line) in text[from..to].split('\n').enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            let is_primary = at == first;
+            if line.chars().count() <= LONG_LINE {
+                if is_primary {
+                    let len = end.min(own_end).saturating_sub(start).max(1);
+                    primary = SourceSpan::new((out.len() + start - first).into(), len);
+                }
+                out.push_str(line);
+            } else {
+                if skip > 0 {
+                    out.push('…');
+                }
+                let base = out.len();
+                let shown: String = line.chars().skip(skip).take(take).collect();
+                out.push_str(&shown);
+                if line.chars().count() > skip + take {
+                    out.push('…');
+                }
+                if is_primary {
+                    let offset: usize = shown.chars().take(column - skip).map(char::len_utf8).sum();
+                    let span_chars = text[start..end.min(own_end).max(start)].chars().count();
+                    let len: usize = shown
+                        .chars()
+                        .skip(column - skip)
+                        .take(span_chars.max(1))
+                        .map(char::len_utf8)
+                        .sum();
+                    primary = SourceSpan::new((base + offset).into(), len.max(1));
+                }
+            }
+            at += line.len() + 1;
+        }
+        let true_line = first_line + usize::from(first != from);
+        let excerpt = Excerpt {
+            name: src.name.clone(),
+            text: out,
+            first_line,
+            cut: Some((primary, true_line, column)),
+        };
+        (excerpt, primary)
+    }
+}
+
+impl SourceCode for Excerpt {
+    fn read_span<'a>(
+        &'a self,
+        span: &SourceSpan,
+        context_lines_before: usize,
+        context_lines_after: usize,
+    ) -> Result<Box<dyn SpanContents<'a> + 'a>, MietteError> {
+        let inner = self
+            .text
+            .read_span(span, context_lines_before, context_lines_after)?;
+        let (line, column) = match self.cut {
+            Some((primary, line, column))
+                if context_lines_before == 0 && span.offset() == primary.offset() =>
+            {
+                (line, column)
+            }
+            _ => (inner.line() + self.first_line, inner.column()),
+        };
+        Ok(Box::new(MietteSpanContents::new_named(
+            self.name.clone(),
+            inner.data(),
+            *inner.span(),
+            line,
+            column,
+            inner.line_count(),
+        )))
     }
 }
 
@@ -264,8 +450,8 @@ impl miette::Diagnostic for Rendered {
             .as_ref()
             .map(|h| Box::new(h) as Box<dyn fmt::Display + 'a>)
     }
-    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
-        self.source.as_ref().map(|s| s as &dyn miette::SourceCode)
+    fn source_code(&self) -> Option<&dyn SourceCode> {
+        self.source.as_ref().map(|s| s as &dyn SourceCode)
     }
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
         let (span, label) = self.span.clone()?;
@@ -286,4 +472,78 @@ pub fn did_you_mean<'a>(
         .filter(|(score, _)| *score >= 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn map(text: &str) -> SourceMap {
+        let mut map = SourceMap::default();
+        map.add(Path::new("p.yaml"), text.to_owned());
+        map
+    }
+
+    fn at(offset: usize, len: usize, line: u32, column: u32) -> Diagnostic {
+        let span = Span {
+            source: SourceId(0),
+            offset,
+            len,
+            line,
+            column,
+        };
+        Diagnostic::error("test", span, "test").with_label("here")
+    }
+
+    /// miette panics drawing a label past column 65,535; a long line is shown as a window.
+    #[test]
+    fn a_long_line_renders_as_a_window_with_the_true_line_and_column() {
+        let text = format!("version: 1\nname: {}!\nx: 1\n", "é".repeat(80_000));
+        let offset = text.find('!').unwrap();
+        let out = map(&text).render(&at(offset, 1, 2, 80_007));
+        assert!(out.contains("[p.yaml:2:80007]"), "{out}");
+        assert!(out.contains(" 2 │ …éé"), "{out}");
+        assert!(out.contains(" 3 │ x: 1"), "{out}");
+        assert!(out.lines().all(|l| l.chars().count() < 200), "{out}");
+    }
+
+    #[test]
+    fn rendering_never_panics_whatever_the_span() {
+        let text = format!(
+            "version: 1\r\n{}\r\nkey: \"ü\"\n{}\n\n",
+            "ab€".repeat(30_000),
+            "z".repeat(70_000)
+        );
+        let sources = map(&text);
+        let len = text.len();
+        let offsets =
+            (0..len)
+                .step_by(997)
+                .chain([0, 1, 11, 12, 13, len - 2, len - 1, len, len + 5]);
+        for offset in offsets {
+            for span_len in [0, 1, 2, 5, 40_000, usize::MAX / 2] {
+                let out = sources.render(&at(offset, span_len, 1, 1));
+                assert!(out.contains("loopguard::test"), "{out}");
+                assert!(
+                    out.lines().all(|l| l.chars().count() < 400),
+                    "{offset}: {out}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_files_that_declare_a_version_are_quoted() {
+        assert!(declares_policy("# a policy\nversion: 1\n"));
+        assert!(declares_policy("\u{feff}version:   12  # comment\n"));
+        assert!(!declares_policy("API_KEY=sk-1\nversion=1\n"));
+        assert!(!declares_policy("  version: 1\n"));
+        assert!(!declares_policy("version: \"3\"\n"));
+        assert!(!declares_policy("{\"version\": 1}"));
+        let out = map("API_KEY=sk-secret\n").render(&at(0, 3, 1, 1));
+        assert!(!out.contains("sk-secret"), "{out}");
+        assert!(out.contains("at p.yaml:1:1"), "{out}");
+    }
 }

@@ -23,6 +23,7 @@ pub mod diagnostic;
 pub mod generate;
 pub mod node;
 pub mod policy;
+pub mod read;
 pub mod schema;
 mod semantic;
 pub mod tiers;

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use globset::GlobMatcher;
 use serde_saphyr::Spanned;
 
-use crate::check::{check_section, compile_glob};
+use crate::check::{Budget, check_section, compile_glob};
 use crate::config::{Config, PluginSpec};
 use crate::diagnostic::{Diagnostic, SourceMap};
 use crate::node::{Node, SourceId, Span, Value};
@@ -80,7 +80,15 @@ impl Policy {
         let mut sources = SourceMap::default();
         let mut diagnostics = Vec::new();
         let mut chain = Vec::new();
-        let merged = load_chain(path, text, &mut sources, &mut diagnostics, &mut chain);
+        let mut budget = Budget::default();
+        let merged = load_chain(
+            path,
+            text,
+            &mut sources,
+            &mut diagnostics,
+            &mut chain,
+            &mut budget,
+        );
         let policy = merged.and_then(|tree| {
             let mut root = defaults().clone();
             root.merge(&tree);
@@ -232,32 +240,9 @@ impl Policy {
 pub const DEFAULT_POLICY: &str = include_str!("../../../rules/default.yaml");
 
 fn read_limited(path: &Path) -> Result<String, LoadError> {
-    let meta = std::fs::metadata(path).map_err(|source| LoadError::Read {
+    crate::read::read_text(path, MAX_FILE_BYTES, "policy files").map_err(|source| LoadError::Read {
         path: path.into(),
         source,
-    })?;
-    if meta.is_dir() {
-        return Err(LoadError::Read {
-            path: path.into(),
-            source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"),
-        });
-    }
-    if meta.len() > MAX_FILE_BYTES as u64 {
-        return Err(LoadError::Read {
-            path: path.into(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::FileTooLarge,
-                format!("larger than the {MAX_FILE_BYTES}-byte limit for policy files"),
-            ),
-        });
-    }
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-        path: path.into(),
-        source,
-    })?;
-    String::from_utf8(bytes).map_err(|e| LoadError::Read {
-        path: path.into(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8: {e}")),
     })
 }
 
@@ -361,6 +346,14 @@ fn yaml_error(text: &str, source: SourceId, e: &serde_saphyr::Error) -> Diagnost
             "document too large or complex".to_owned(),
             "policy files are limited in node count, aliases and size",
         )
+    } else if !crate::diagnostic::declares_policy(text) {
+        // The parser's message may quote the text (a character, a name); a file that does not
+        // declare itself a policy is never quoted.
+        (
+            "yaml-syntax",
+            "invalid YAML".to_owned(),
+            "check that this file is the policy meant",
+        )
     } else {
         (
             "yaml-syntax",
@@ -403,6 +396,7 @@ fn load_chain(
     sources: &mut SourceMap,
     diagnostics: &mut Vec<Diagnostic>,
     chain: &mut Vec<PathBuf>,
+    budget: &mut Budget,
 ) -> Option<Node> {
     let id = sources.add(path, text);
     let text = sources.get(id).map(|s| s.text.clone()).unwrap_or_default();
@@ -413,7 +407,7 @@ fn load_chain(
             return None;
         }
     };
-    check_section(&node, POLICY, "", diagnostics);
+    check_section(&node, POLICY, "", diagnostics, budget);
     semantic::check_version(&node, diagnostics);
     chain.push(canonical(path));
 
@@ -474,7 +468,14 @@ fn load_chain(
             return Some(node);
         }
     };
-    let parent = load_chain(&parent_path, parent_text, sources, diagnostics, chain);
+    let parent = load_chain(
+        &parent_path,
+        parent_text,
+        sources,
+        diagnostics,
+        chain,
+        budget,
+    );
     chain.pop();
     match parent {
         Some(mut merged) => {

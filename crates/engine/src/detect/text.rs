@@ -226,6 +226,9 @@ pub struct Chant {
     /// Within the unfinished line: sentences up to here were counted, bytes up to `scan` scanned.
     sent_pos: usize,
     scan: usize,
+    /// Within the unfinished line: bytes of leading whitespace found so far (all of it while
+    /// the line is blank), so each chunk trims only what it added.
+    lead: usize,
     sentences: u32,
     counts: Counts,
     best: (u64, u32),
@@ -493,7 +496,12 @@ impl Chant {
     /// Counts the finished sentences of the unfinished line, so a sentence chanted on one
     /// endless line is caught while it streams.
     fn partial_sentences(&mut self, p: &Chanting) {
-        let t = self.line.trim_start();
+        // The line only grows until it ends, so its leading whitespace is trimmed once.
+        let t = match self.line.get(self.lead..) {
+            Some(rest) => rest.trim_start(),
+            None => self.line.trim_start(),
+        };
+        self.lead = self.line.len() - t.len();
         if self.fence || t.len() < 3 || Self::skipped(&self.line, t) {
             return;
         }
@@ -552,6 +560,7 @@ impl Chant {
         self.scanned = 0;
         self.sent_pos = 0;
         self.scan = 0;
+        self.lead = 0;
         self.sentences = 0;
         self.fence = false;
         self.periodic.reset();
@@ -594,6 +603,7 @@ impl Chant {
         let from = std::mem::take(&mut self.sent_pos);
         let counted = std::mem::take(&mut self.sentences);
         self.scan = 0;
+        self.lead = 0;
         let t = line.trim();
         if t.starts_with("```") || t.starts_with("~~~") {
             self.fence = !self.fence;
@@ -776,6 +786,38 @@ mod tests {
         let text = "I will fix the bug now. ".repeat(10);
         assert_eq!(c.feed(&text, &p), None);
         assert_eq!(c.end(&p), None);
+    }
+
+    /// A line that starts with whitespace was trimmed whole on every chunk, past
+    /// `max_message_chars` too (0.3 ms per 1-byte chunk): the work per chunk is now bounded by
+    /// the chunk. The time bound is a sanity check for a debug build; it used to take minutes.
+    #[test]
+    fn a_line_of_leading_whitespace_costs_each_chunk_only_its_own_bytes() {
+        let p = params();
+        let mut c = Chant::default();
+        let started = std::time::Instant::now();
+        for _ in 0..2 * p.max_message_chars {
+            assert_eq!(c.feed(" ", &p), None);
+        }
+        assert_eq!(c.end(&p), None);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        // Chanting on a line that starts with spaces is found however the text is chunked
+        // (streamed, it is reported as soon as it reaches the threshold).
+        let text = format!("  {}", "I will fix the bug now. ".repeat(10));
+        let whole = run(&text, text.len()).map(|(unit, _)| unit);
+        assert!(whole.is_some());
+        for chunk in [1, 2, 3, 7] {
+            let streamed = run(&text, chunk);
+            assert_eq!(streamed.map(|(unit, _)| unit), whole, "chunks of {chunk}");
+            assert!(
+                streamed.is_some_and(|(_, n)| n >= p.threshold),
+                "{streamed:?}"
+            );
+        }
     }
 
     proptest::proptest! {
