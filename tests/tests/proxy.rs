@@ -236,10 +236,8 @@ async fn a_looping_agent_is_warned_then_refused_then_stopped() {
     let error = &messages.last().unwrap()["error"];
     let message = error["message"].as_str().unwrap();
     assert!(message.contains("`bash`, 5 times"), "{message}");
-    assert!(
-        message.contains("!/set(tool-loop-max-repeats=N)"),
-        "{message}"
-    );
+    // In-chat commands are off by default: the stop does not offer them.
+    assert!(!message.contains("!/set"), "{message}");
     assert_eq!(error["code"], "tool_loop_terminated");
     assert_eq!(error["loopguard"]["detector"], "exact_repeat");
     assert_eq!(error["loopguard"]["loop_start_call_id"], "call_1");
@@ -414,7 +412,7 @@ async fn a_refused_call_leaves_every_tool_call_id_paired() {
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chat_commands_set_unset_and_refuse_bad_values() {
     let up = Upstream::start().await;
-    let (p, _dir) = start(&up, 3, &[]);
+    let (p, _dir) = start(&up, 3, &["--allow-chat-commands"]);
     use Outcome::*;
 
     // A valid command is answered by the proxy and never reaches the model.
@@ -750,7 +748,7 @@ async fn failures_stay_in_their_session_and_others_are_served() {
 #[tokio::test(flavor = "multi_thread")]
 async fn modes_break_and_chance_then_break_behave_as_named() {
     let up = Upstream::start().await;
-    let (p, _dir) = start(&up, 3, &[]);
+    let (p, _dir) = start(&up, 3, &["--allow-chat-commands"]);
     use Outcome::*;
     let agent_in_mode = |session: &'static str, mode: &'static str, turns| {
         let p = &p;

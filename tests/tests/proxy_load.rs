@@ -667,7 +667,7 @@ async fn many_concurrent_sessions_each_meet_their_own_ladder() {
     let policy = support::write_policy(dir.path(), 3);
     let proxy = Proxy::start(
         &format!("http://{addr}/v1"),
-        &["--rules", policy.to_str().unwrap()],
+        &["--rules", policy.to_str().unwrap(), "--allow-chat-commands"],
     );
     let plans: Vec<Plan> = (0..SESSIONS).map(plan).collect();
     // The script covers what it is meant to: looping and non-looping sessions at every

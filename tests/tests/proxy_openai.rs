@@ -80,7 +80,8 @@ fn result_of<'a>(request: &'a Value, id: &str) -> &'a Value {
 /// The ladder as the client library sees it: three released calls (the 3rd warned: the nudge
 /// reaches the model with its result), the 4th refused as a well-formed text turn, the 5th an
 /// error the library raises.
-fn assert_looping_conversation(turns: &[Value], requests: &[Value], stream: bool) {
+/// `commands`: the proxy lets this caller use in-chat commands, so its stop message names them.
+fn assert_looping_conversation(turns: &[Value], requests: &[Value], stream: bool, commands: bool) {
     assert_eq!(turns.len(), 5, "stopped at the 5th turn: {turns:#?}");
     for (i, t) in turns[..3].iter().enumerate() {
         let n = i + 1;
@@ -124,8 +125,9 @@ fn assert_looping_conversation(turns: &[Value], requests: &[Value], stream: bool
     assert_eq!(e["type"], "loop_detected", "{e}");
     let message = e["message"].as_str().unwrap();
     assert!(message.contains("`bash`, 5 times"), "{message}");
-    assert!(
+    assert_eq!(
         message.contains("!/set(tool-loop-max-repeats=N)"),
+        commands,
         "{message}"
     );
     assert_eq!(requests.len(), 5, "every turn asked the model once");
@@ -142,16 +144,16 @@ async fn the_openai_client_is_warned_then_refused_then_stopped() {
     let (p, _dir) = start(&up, 3, &[]);
     let p = std::sync::Arc::new(p);
     let turns = agent(&p, "py-loop", "loop", 8, false).await;
-    assert_looping_conversation(&turns, &up.requests(), false);
+    assert_looping_conversation(&turns, &up.requests(), false, false);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_openai_client_streaming_is_warned_then_refused_then_stopped() {
     let up = Upstream::start().await;
-    let (p, _dir) = start(&up, 3, &[]);
+    let (p, _dir) = start(&up, 3, &["--allow-chat-commands"]);
     let p = std::sync::Arc::new(p);
     let turns = agent(&p, "py-loop-stream", "loop", 8, true).await;
-    assert_looping_conversation(&turns, &up.requests(), true);
+    assert_looping_conversation(&turns, &up.requests(), true, true);
     // Streams really were streamed: the text came in several deltas.
     assert!(turns[0]["chunks"].as_u64().unwrap() >= 4, "{}", turns[0]);
 }

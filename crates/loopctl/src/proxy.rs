@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use loopguard_proxy::{NudgePlacement, Options, Setup};
+use loopguard_proxy::{ChatCommands, NudgePlacement, Options, Setup};
 use loopguard_rules::Policy;
 
 use crate::simulate::{RULES_ENV, server_settings};
@@ -60,6 +60,15 @@ pub struct Args {
     /// its body; slower connections are closed (a paused body gets a 408).
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     header_timeout: u64,
+    /// Let callers change their session's settings with in-chat commands (`!/set(…)`,
+    /// `!/unset(…)`); off by default, so an end user cannot switch protection off. Commands
+    /// are read only from a person's own messages, never from tool output a host pasted.
+    #[arg(long)]
+    allow_chat_commands: bool,
+    /// Allow in-chat commands only to callers whose API key is listed in FILE (one per line;
+    /// implies --allow-chat-commands). The keys are kept only as keyed hashes.
+    #[arg(long, value_name = "FILE")]
+    chat_command_keys: Option<PathBuf>,
 }
 
 /// Loads and checks the policy, its plugins and the server tier; every problem rendered.
@@ -125,7 +134,31 @@ pub fn run(args: Args) -> u8 {
         }
     };
     init_logging();
+    let chat_commands = match &args.chat_command_keys {
+        Some(path) => match loopguard_rules::read::read_text(path, 1 << 20, "key files") {
+            Ok(text) => {
+                let keys: Vec<String> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned)
+                    .collect();
+                if keys.is_empty() {
+                    eprintln!("error: {} lists no keys", path.display());
+                    return EXIT_CANNOT_RUN;
+                }
+                ChatCommands::Keys(keys)
+            }
+            Err(e) => {
+                eprintln!("error: cannot read {}: {e}", path.display());
+                return EXIT_CANNOT_RUN;
+            }
+        },
+        None if args.allow_chat_commands => ChatCommands::Everyone,
+        None => ChatCommands::Off,
+    };
     let options = Options {
+        chat_commands,
         backend: args.backend,
         nudge: args.nudge.map(|n| match n {
             Nudge::Context => NudgePlacement::Context,

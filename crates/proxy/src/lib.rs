@@ -115,6 +115,21 @@ pub struct Options {
     /// How long a client may take to start a request, to send its headers, or to pause inside
     /// its body.
     pub header_timeout: Duration,
+    /// Who may change their session's settings with in-chat commands.
+    pub chat_commands: ChatCommands,
+}
+
+/// Who may use in-chat commands (`!/set(…)`, `!/unset(…)`). For anyone else they are plain
+/// text, forwarded as written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ChatCommands {
+    /// No one (the default: end users cannot switch protection off).
+    #[default]
+    Off,
+    /// Every caller.
+    Everyone,
+    /// Callers whose API key is one of these (the operator's keys).
+    Keys(Vec<String>),
 }
 
 impl Options {
@@ -129,6 +144,7 @@ impl Options {
             shutdown_grace: server::DEFAULT_GRACE,
             max_connections: 1024,
             header_timeout: Duration::from_secs(30),
+            chat_commands: ChatCommands::Off,
         }
     }
 }

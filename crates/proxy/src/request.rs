@@ -97,17 +97,29 @@ fn strip_content(content: &mut Value, scans: &mut Vec<commands::Scan>) -> bool {
 /// A user message left empty is dropped, and so is the proxy's reply to it (the assistant
 /// message right after it, if it starts with [`MARK`] and has no tool calls): the model sees
 /// neither the commands nor the proxy's answers to them.
-pub fn strip_commands(messages: &mut Vec<Value>) -> Stripped {
+///
+/// Commands are read only from a person's own text: a user message right after tool results
+/// is the host's (a framework's observation, pasted tool output, a "continue" prompt) and is
+/// left as it is. Without `honour` (commands not allowed for this caller) nothing is read or
+/// stripped: the text goes to the model as written.
+pub fn strip_commands(messages: &mut Vec<Value>, honour: bool) -> Stripped {
     let tail_start = messages
         .iter()
         .rposition(|m| role(m) == "assistant")
         .map_or(0, |i| i + 1);
     let mut out = Stripped::default();
+    if !honour {
+        out.in_tail = (0..messages.len()).map(|i| i >= tail_start).collect();
+        return out;
+    }
     let mut kept = Vec::with_capacity(messages.len());
     let last = messages.len().saturating_sub(1);
     let mut drop_reply = false;
+    let mut after_results = false;
     for (i, mut m) in std::mem::take(messages).into_iter().enumerate() {
         let tail = i >= tail_start;
+        let hosts = after_results;
+        after_results = matches!(role(&m), "tool" | "function");
         if drop_reply {
             drop_reply = false;
             let is_reply = role(&m) == "assistant"
@@ -118,6 +130,7 @@ pub fn strip_commands(messages: &mut Vec<Value>) -> Stripped {
             }
         }
         if role(&m) == "user"
+            && !hosts
             && let Some(content) = m.get_mut("content")
         {
             let mut scans = Vec::new();
@@ -257,7 +270,7 @@ mod tests {
             {"role": "assistant", "content": "ok"},
             {"role": "user", "content": "!/set(tool-loop-max-repeats=4)"}
         ]));
-        let s = strip_commands(&mut m);
+        let s = strip_commands(&mut m, true);
         assert!(s.reply_needed);
         assert_eq!(s.commands.len(), 1);
         assert_eq!(m.len(), 3);
@@ -272,7 +285,7 @@ mod tests {
             {"role": "assistant", "content": "[loopguard] Session settings changed"},
             {"role": "user", "content": [{"type": "text", "text": "build it"}]}
         ]));
-        let s = strip_commands(&mut m);
+        let s = strip_commands(&mut m, true);
         assert!(!s.reply_needed);
         assert!(s.commands.is_empty(), "not in the tail");
         assert_eq!(m.len(), 1);
@@ -288,7 +301,7 @@ mod tests {
                 {"type": "image_url", "image_url": {"url": "data:"}}
             ]}
         ]));
-        let s = strip_commands(&mut m);
+        let s = strip_commands(&mut m, true);
         assert!(!s.reply_needed, "the image is still for the model");
         assert_eq!(m[0]["content"].as_array().unwrap().len(), 1);
         assert_eq!(s.commands.len(), 1);

@@ -12,6 +12,11 @@
 //!
 //! Ids longer than [`MAX_ID`] bytes are hashed, so a client cannot make the proxy keep
 //! arbitrarily long keys.
+//!
+//! Every id is scoped to the caller's credential ([`caller`]): a keyed hash of the API key the
+//! request carries (`key:<16 hex digits>/…`, the key itself is never kept), or `anon/…`. Two
+//! callers with different keys never share a session, whatever header, `user` value or opening
+//! prompts they send.
 
 use axum::http::HeaderMap;
 use serde_json::Value;
@@ -22,7 +27,41 @@ pub const HEADER: &str = "x-session-id";
 /// Longest id kept as written.
 pub const MAX_ID: usize = 200;
 
-/// The session id of a chat-completions request.
+/// The API key a request carries: `Authorization: Bearer …` (or any other scheme), `x-api-key`
+/// (Anthropic) or `api-key` (Azure OpenAI).
+pub fn credential(headers: &HeaderMap) -> Option<&str> {
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split_once(' ').map_or(v, |(_, k)| k).trim());
+    auth.or_else(|| {
+        ["x-api-key", "api-key"]
+            .iter()
+            .find_map(|h| headers.get(*h).and_then(|v| v.to_str().ok()))
+            .map(str::trim)
+    })
+    .filter(|k| !k.is_empty())
+}
+
+/// The keyed hash of a credential (`seed` is the proxy's secret, chosen at start).
+pub fn key_hash(key: &str, seed: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), seed)
+}
+
+/// The caller part of a session id: `key:<keyed hash>` or `anon`.
+pub fn caller(headers: &HeaderMap, seed: u64) -> String {
+    credential(headers).map_or_else(
+        || "anon".to_owned(),
+        |k| format!("key:{:016x}", key_hash(k, seed)),
+    )
+}
+
+/// The session id of a chat-completions request, scoped to its caller.
+pub fn identify_scoped(headers: &HeaderMap, body: &Value, seed: u64) -> String {
+    format!("{}/{}", caller(headers, seed), identify(headers, body))
+}
+
+/// The session id of a chat-completions request, within one caller.
 pub fn identify(headers: &HeaderMap, body: &Value) -> String {
     if let Some(v) = headers.get(HEADER).and_then(|v| v.to_str().ok()) {
         let v = v.trim();

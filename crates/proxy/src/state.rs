@@ -156,6 +156,8 @@ pub struct Turn {
     pub model: Option<String>,
     pub stream: bool,
     pub engine: Arc<Engine>,
+    /// Whether this caller may use in-chat commands (and is told about them).
+    pub commands: bool,
 }
 
 /// What to do with a request once read.
@@ -180,6 +182,10 @@ pub struct State {
     books: Mutex<HashMap<String, Book>>,
     loader: Option<Arc<dyn Loader>>,
     next_id: AtomicU64,
+    /// The key of the credential hashes in session ids, chosen at random at start.
+    seed: u64,
+    /// Keyed hashes of the keys allowed in-chat commands (`ChatCommands::Keys`).
+    command_keys: Vec<u64>,
 }
 
 impl std::fmt::Debug for State {
@@ -200,8 +206,25 @@ impl State {
         setup: Setup,
         loader: Option<Arc<dyn Loader>>,
     ) -> State {
+        use std::hash::BuildHasher;
+        let seed = std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64);
+        let mut options = options;
+        // The operator's keys are kept only as keyed hashes.
+        let command_keys = match &mut options.chat_commands {
+            crate::ChatCommands::Keys(keys) => {
+                let hashed = keys
+                    .iter()
+                    .map(|k| session::key_hash(k.trim(), seed))
+                    .collect();
+                keys.iter_mut().for_each(|k| *k = "<redacted>".to_owned());
+                hashed
+            }
+            _ => Vec::new(),
+        };
         State {
             guard: RwLock::new(Arc::new(Guard::new(setup, backend.clone()))),
+            seed,
+            command_keys,
             options,
             upstream,
             backend,
@@ -273,7 +296,13 @@ impl State {
     /// Reads a chat-completions request: session, commands, tail events, nudges. Rewrites
     /// `body` into what goes upstream.
     pub fn prepare(&self, headers: &HeaderMap, body: &mut Value) -> Prepared {
-        let session = session::identify(headers, body);
+        let session = session::identify_scoped(headers, body, self.seed);
+        let honour = match &self.options.chat_commands {
+            crate::ChatCommands::Off => false,
+            crate::ChatCommands::Everyone => true,
+            crate::ChatCommands::Keys(_) => session::credential(headers)
+                .is_some_and(|k| self.command_keys.contains(&session::key_hash(k, self.seed))),
+        };
         let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
         let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
         let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
@@ -289,8 +318,9 @@ impl State {
             model,
             stream,
             engine,
+            commands: honour,
         };
-        let stripped = request::strip_commands(messages);
+        let stripped = request::strip_commands(messages, honour);
         let now = now_ms();
         let mut books = self.books();
         let book = books.entry(turn.session.clone()).or_default();
@@ -395,7 +425,7 @@ impl State {
                     let tool = request::tool_name_for(messages, id);
                     self.record(&v, &turn.session, tool);
                     if v.action == Action::Terminate {
-                        return Err(Box::new(stop_error(&v, tool, &turn.session)));
+                        return Err(Box::new(stop_error(&v, tool, turn)));
                     }
                     book.nudge(id, note(&v));
                 }
@@ -413,7 +443,7 @@ impl State {
                     if !v.is_allow() {
                         self.record(&v, &turn.session, None);
                         if v.action == Action::Terminate {
-                            return Err(Box::new(stop_error(&v, None, &turn.session)));
+                            return Err(Box::new(stop_error(&v, None, turn)));
                         }
                         book.loose.push(note(&v));
                     } else {
@@ -460,15 +490,21 @@ fn note(v: &Verdict) -> String {
 }
 
 /// The error a terminate verdict answers with.
-pub fn stop_error(v: &Verdict, tool: Option<&str>, session: &str) -> ApiError {
+pub fn stop_error(v: &Verdict, tool: Option<&str>, turn: &Turn) -> ApiError {
+    let session = turn.session.as_str();
     let detector = v.detector.as_deref().unwrap_or("loop");
     let tool_text = tool.map_or("a tool".to_owned(), |t| format!("`{t}`"));
+    let commands = if turn.commands {
+        "; to change the limit for this session, send `!/set(tool-loop-max-repeats=N)`, \
+         `!/set(tool-loop-mode=chance_then_break)` or `!/set(tool-loop-detection=false)` as a \
+         user message"
+    } else {
+        ""
+    };
     let message = format!(
         "loopguard stopped this agent run: {} (tool {tool_text}, {} times, detector `{detector}`). \
          To go on, change the approach (other arguments or another tool) or send a new user \
-         message; to change the limit for this session, send \
-         `!/set(tool-loop-max-repeats=N)`, `!/set(tool-loop-mode=chance_then_break)` or \
-         `!/set(tool-loop-detection=false)` as a user message.",
+         message{commands}.",
         v.message.trim_end_matches('.'),
         v.count
     );
@@ -560,7 +596,7 @@ impl Judge for TurnJudge {
                 state.record(&v, &turn.session, None);
                 if v.action == Action::Terminate {
                     return Judged {
-                        terminate: Some(stop_error(&v, None, &turn.session)),
+                        terminate: Some(stop_error(&v, None, turn)),
                         ..Judged::default()
                     };
                 }
@@ -597,7 +633,7 @@ impl Judge for TurnJudge {
                 Action::Ask => asked.push(note(&v)),
                 Action::Terminate => {
                     return Judged {
-                        terminate: Some(stop_error(&v, Some(&c.name), &turn.session)),
+                        terminate: Some(stop_error(&v, Some(&c.name), turn)),
                         ..Judged::default()
                     };
                 }
@@ -667,6 +703,7 @@ mod tests {
     fn state_with(nudge: Option<NudgePlacement>, policy_text: &str) -> Arc<State> {
         let options = Options {
             nudge,
+            chat_commands: crate::ChatCommands::Everyone,
             ..Options::new("http://127.0.0.1:9")
         };
         Arc::new(State::new(
