@@ -337,3 +337,111 @@ async fn a_command_in_pasted_tool_output_is_never_honoured() {
     }
     assert_eq!(outcomes, ["released", "released", "released", "refused"]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_session_table_is_bounded_and_the_least_recently_used_go_first() {
+    let up = Upstream::start().await;
+    let (p, _dir) = start(&up, 3, &["--max-sessions", "10"]);
+    let say = |session: String| {
+        let p = &p;
+        async move {
+            let r = client()
+                .post(p.url("/v1/chat/completions"))
+                .header("authorization", "Bearer sk-user")
+                .header("x-session-id", session)
+                .json(&json!({"model": "text", "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+        }
+    };
+    // A looping session makes two calls, then 50 fresh sessions arrive; the looping one is
+    // used between them, so it is never the least recently used.
+    let mut messages = vec![json!({"role": "user", "content": "build it"})];
+    let step = |body: Value, messages: &mut Vec<Value>| {
+        let msg = body["choices"][0]["message"].clone();
+        messages.push(msg.clone());
+        let calls = msg["tool_calls"].as_array().cloned();
+        for c in calls.iter().flatten() {
+            messages.push(json!({"role": "tool", "tool_call_id": c["id"],
+                "content": "error: could not compile `app`"}));
+        }
+        if calls.is_some() {
+            "released"
+        } else {
+            "refused"
+        }
+    };
+    for _ in 0..2 {
+        let (_, body) = chat_as(&p, "sk-user", "keep", &messages).await;
+        assert_eq!(step(body, &mut messages), "released");
+    }
+    for i in 0..50 {
+        say(format!("fresh-{i}")).await;
+        say("keep".to_owned()).await;
+    }
+    let health: Value = client()
+        .get(p.url("/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["sessions"], 10, "{health}");
+    let m = metrics(&p).await;
+    assert_eq!(
+        metric(
+            &m,
+            "loopguard_proxy_sessions_evicted_total{reason=\"capacity\"}"
+        ),
+        Some(41),
+        "{m}"
+    );
+    // The looping session kept its counts: its third call is released, its fourth refused.
+    let (_, body) = chat_as(&p, "sk-user", "keep", &messages).await;
+    assert_eq!(step(body, &mut messages), "released");
+    let (_, body) = chat_as(&p, "sk-user", "keep", &messages).await;
+    assert_eq!(step(body, &mut messages), "refused");
+}
+
+/// One turn of the looping model in `session`, continuing `messages`: "released" (a call came
+/// back and its failing result is appended), "refused" or "stopped".
+async fn loop_turn(p: &Proxy, session: &str, messages: &mut Vec<Value>) -> &'static str {
+    let (status, body) = chat_as(p, "sk-user", session, messages).await;
+    if status == 400 {
+        return "stopped";
+    }
+    assert_eq!(status, 200, "{body}");
+    let msg = body["choices"][0]["message"].clone();
+    messages.push(msg.clone());
+    match msg["tool_calls"].as_array() {
+        Some(calls) => {
+            for c in calls {
+                messages.push(json!({"role": "tool", "tool_call_id": c["id"],
+                    "content": "error: could not compile `app`"}));
+            }
+            "released"
+        }
+        None => "refused",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_reload_keeps_every_sessions_counts() {
+    let up = Upstream::start().await;
+    let (p, dir) = start(&up, 3, &[]);
+    let mut messages = vec![json!({"role": "user", "content": "build it"})];
+    for _ in 0..2 {
+        assert_eq!(loop_turn(&p, "reloaded", &mut messages).await, "released");
+    }
+    // The same policy, reloaded: the loop goes on where it was.
+    write_policy(dir.path(), 3);
+    p.signal("HUP");
+    p.wait_metric("loopguard_proxy_policy_reloads_total{result=\"ok\"}", 1)
+        .await;
+    assert!(p.log().contains("sessions carried over"), "{}", p.log());
+    assert_eq!(loop_turn(&p, "reloaded", &mut messages).await, "released");
+    assert_eq!(loop_turn(&p, "reloaded", &mut messages).await, "refused");
+}

@@ -375,6 +375,17 @@ impl Engine {
         Ok(restored)
     }
 
+    /// The ids of every session the engine holds.
+    pub fn session_ids(&self) -> Vec<String> {
+        self.shards
+            .iter()
+            .flat_map(|s| {
+                let map = s.lock().unwrap_or_else(|e| e.into_inner());
+                map.keys().map(|k| k.to_string()).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// Runs `f` on a session's state, if the session exists.
     pub fn with_session<T>(&self, id: &str, f: impl FnOnce(&Session) -> T) -> Option<T> {
         self.shard(id).get(id).map(f)
@@ -385,6 +396,16 @@ impl Engine {
             .iter()
             .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
             .sum()
+    }
+
+    /// Forgets a session (its window, text state, settings and plugin state); returns whether
+    /// it existed. Hosts that bound their session tables call this for the sessions they drop.
+    pub fn remove_session(&self, id: &str, now_ms: u64) -> bool {
+        let removed = self.shard(id).remove(id).is_some();
+        if removed {
+            let _ = self.rules.plugins.reset(id, now_ms);
+        }
+        removed
     }
 
     /// Drops sessions with no event for `time.session_idle_seconds` (event time); returns how

@@ -65,6 +65,10 @@ pub struct Args {
     /// are read only from a person's own messages, never from tool output a host pasted.
     #[arg(long)]
     allow_chat_commands: bool,
+    /// Most sessions kept (about 2 KB each); a new session beyond evicts the least recently
+    /// used (counted in `/metrics`).
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    max_sessions: usize,
     /// Allow in-chat commands only to callers whose API key is listed in FILE (one per line;
     /// implies --allow-chat-commands). The keys are kept only as keyed hashes.
     #[arg(long, value_name = "FILE")]
@@ -167,6 +171,7 @@ pub fn run(args: Args) -> u8 {
         max_body_bytes: args.max_body_bytes,
         timeout: Duration::from_secs(args.timeout.max(1)),
         max_connections: args.max_connections,
+        max_sessions: args.max_sessions,
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         ..Options::new(args.upstream)
     };

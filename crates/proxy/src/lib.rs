@@ -117,6 +117,8 @@ pub struct Options {
     pub header_timeout: Duration,
     /// Who may change their session's settings with in-chat commands.
     pub chat_commands: ChatCommands,
+    /// Most sessions kept; a new one beyond evicts the least recently used.
+    pub max_sessions: usize,
 }
 
 /// Who may use in-chat commands (`!/set(…)`, `!/unset(…)`). For anyone else they are plain
@@ -145,6 +147,7 @@ impl Options {
             max_connections: 1024,
             header_timeout: Duration::from_secs(30),
             chat_commands: ChatCommands::Off,
+            max_sessions: 100_000,
         }
     }
 }
@@ -155,6 +158,8 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// The largest `max_connections` (Tokio's semaphore counts up to about 2^61; this bound keeps
 /// the limit a number of sockets).
 pub const MAX_CONNECTIONS: usize = 1 << 20;
+/// The largest `max_sessions` (at about 2 KB each, 20 GB).
+pub const MAX_SESSIONS: usize = 10_000_000;
 /// The largest `max_body_bytes`.
 pub const MAX_BODY_LIMIT: usize = 1 << 30;
 
@@ -185,6 +190,12 @@ impl Options {
             return Err(ProxyError::Option(format!(
                 "the shutdown grace must be at most {} s",
                 MAX_TIMEOUT.as_secs()
+            )));
+        }
+        if self.max_sessions == 0 || self.max_sessions > MAX_SESSIONS {
+            return Err(ProxyError::Option(format!(
+                "the session limit must be between 1 and {MAX_SESSIONS}, not {}",
+                self.max_sessions
             )));
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_LIMIT {
@@ -300,7 +311,7 @@ impl Proxy {
             %addr,
             upstream = %state.upstream.shown(),
             backend = state.backend.as_deref().unwrap_or("-"),
-            policy = %state.guard().policy.name,
+            policy = ?state.guard().policy.name,
             "loopguard proxy listening"
         );
         let (hup, stop) = signals.split();
@@ -366,14 +377,14 @@ async fn reload_on(mut hup: Hangup, state: Arc<state::State>) {
         tracing::info!("SIGHUP: reloading the policy");
         let st = Arc::clone(&state);
         match tokio::task::spawn_blocking(move || st.reload()).await {
-            Ok(Ok(name)) => {
+            Ok(Ok((name, sessions))) => {
                 state.metrics.reload("ok");
-                tracing::info!(policy = ?name, "policy reloaded; sessions start over under it");
+                tracing::info!(policy = ?name, sessions, "policy reloaded; sessions carried over");
             }
             Ok(Err(message)) => {
                 state.metrics.reload("failed");
                 tracing::error!(
-                    policy = %state.guard().policy.name,
+                    policy = ?state.guard().policy.name,
                     "policy reload failed; the previous policy stays in force:\n{message}"
                 );
             }

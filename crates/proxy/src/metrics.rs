@@ -71,6 +71,7 @@ pub struct Metrics {
     upstream_errors: Labeled,
     client_disconnects: AtomicU64,
     connection_waits: AtomicU64,
+    sessions_evicted: Labeled,
     slow_clients: AtomicU64,
     commands: Labeled,
     reloads: Labeled,
@@ -103,6 +104,11 @@ impl Metrics {
 
     pub fn client_disconnect(&self) {
         self.client_disconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A session was forgotten: `capacity` (the table was full) or `idle`.
+    pub fn session_evicted(&self, reason: &str) {
+        self.sessions_evicted.inc(&[reason]);
     }
 
     /// A connection had to wait for a free slot: the connection limit was reached.
@@ -176,6 +182,12 @@ impl Metrics {
             "loopguard_proxy_client_disconnects_total",
             "Streaming responses the client abandoned before the end.",
             self.client_disconnects.load(Ordering::Relaxed),
+        );
+        self.sessions_evicted.render(
+            &mut out,
+            "loopguard_proxy_sessions_evicted_total",
+            "Sessions forgotten, by reason (capacity: the table was full, least recently used first; idle).",
+            &["reason"],
         );
         counter(
             &mut out,

@@ -2,6 +2,8 @@
 //! session, and the judging of requests and responses against both.
 
 use std::collections::{HashMap, VecDeque};
+
+use lru::LruCache;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -179,7 +181,8 @@ pub struct State {
     pub metrics: Metrics,
     pub client: reqwest::Client,
     guard: RwLock<Arc<Guard>>,
-    books: Mutex<HashMap<String, Book>>,
+    /// Per-session bookkeeping, at most `options.max_sessions`, least recently used first out.
+    books: Mutex<LruCache<String, Book>>,
     loader: Option<Arc<dyn Loader>>,
     next_id: AtomicU64,
     /// The key of the credential hashes in session ids, chosen at random at start.
@@ -230,7 +233,7 @@ impl State {
             backend,
             metrics: Metrics::default(),
             client,
-            books: Mutex::new(HashMap::new()),
+            books: Mutex::new(LruCache::unbounded()),
             loader,
             next_id: AtomicU64::new(1),
         }
@@ -240,8 +243,30 @@ impl State {
         Arc::clone(&self.guard.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn books(&self) -> MutexGuard<'_, HashMap<String, Book>> {
+    fn books(&self) -> MutexGuard<'_, LruCache<String, Book>> {
         self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The book of `session`, made the most recently used; a new session beyond
+    /// `max_sessions` evicts the least recently used one (its engine state too).
+    fn book<'a>(
+        &self,
+        books: &'a mut LruCache<String, Book>,
+        session: &str,
+        now: u64,
+    ) -> &'a mut Book {
+        if !books.contains(session) {
+            while books.len() >= self.options.max_sessions.max(1) {
+                let Some((old, _)) = books.pop_lru() else {
+                    break;
+                };
+                for e in self.guard().all_engines() {
+                    e.remove_session(&old, now);
+                }
+                self.metrics.session_evicted("capacity");
+            }
+        }
+        books.get_or_insert_mut_ref(session, Book::default)
     }
 
     pub fn session_count(&self) -> usize {
@@ -256,10 +281,13 @@ impl State {
         )
     }
 
-    /// Loads the policy again; on success it replaces the one in force (sessions start over
-    /// under it; their in-chat settings carry over where the new policy accepts them). On
-    /// failure nothing changes. Returns the new policy's name.
-    pub fn reload(&self) -> Result<String, String> {
+    /// Loads the policy again; on success it replaces the one in force. Sessions carry over:
+    /// each is moved into the new policy's engines through its snapshot (counts, escalation,
+    /// settings); one the new policy cannot take (its settings name a ladder that is gone)
+    /// starts over, logged. Events of requests already in flight during the reload are judged
+    /// by the old policy and not carried. On failure nothing changes. Returns the new policy's
+    /// name and how many sessions carried over.
+    pub fn reload(&self) -> Result<(String, usize), String> {
         let loader = self
             .loader
             .as_ref()
@@ -275,9 +303,32 @@ impl State {
                 book.settings.mode = None;
             }
         }
+        let old = self.guard();
+        let mut kept = 0;
+        let olds: Vec<(Option<String>, Arc<Engine>)> = old
+            .engines_map()
+            .iter()
+            .map(|(k, e)| (k.clone(), Arc::clone(e)))
+            .collect();
+        for (model, engine) in olds {
+            let target = guard.engine(model.as_deref());
+            for id in engine.session_ids() {
+                let Some(snapshot) = engine.snapshot_session(&id) else {
+                    continue;
+                };
+                match target.restore_session(&id, &snapshot) {
+                    Ok(()) => kept += 1,
+                    Err(error) => tracing::warn!(
+                        session = ?id,
+                        %error,
+                        "the reloaded policy cannot take this session; it starts over"
+                    ),
+                }
+            }
+        }
         let name = guard.policy.name.clone();
         *self.guard.write().unwrap_or_else(|e| e.into_inner()) = guard;
-        Ok(name)
+        Ok((name, kept))
     }
 
     /// Forgets sessions idle longer than the policy's `time.session_idle_seconds`.
@@ -288,9 +339,17 @@ impl State {
         }
         let idle = guard.idle_ms();
         let mut books = self.books();
-        let before = books.len();
-        books.retain(|_, b| now.saturating_sub(b.last_ms) < idle);
-        before - books.len()
+        // Least recently used first: every use stamps `last_ms`, so the idle ones are at the end.
+        let mut evicted = 0;
+        while books
+            .peek_lru()
+            .is_some_and(|(_, b)| now.saturating_sub(b.last_ms) >= idle)
+        {
+            books.pop_lru();
+            evicted += 1;
+            self.metrics.session_evicted("idle");
+        }
+        evicted
     }
 
     /// Reads a chat-completions request: session, commands, tail events, nudges. Rewrites
@@ -323,7 +382,7 @@ impl State {
         let stripped = request::strip_commands(messages, honour);
         let now = now_ms();
         let mut books = self.books();
-        let book = books.entry(turn.session.clone()).or_default();
+        let book = self.book(&mut books, &turn.session, now);
         book.last_ms = now;
         let ladders = guard.ladders();
         if !stripped.errors.is_empty() {
@@ -580,7 +639,7 @@ impl Judge for TurnJudge {
         let turn = &self.turn;
         let now = now_ms();
         let mut books = state.books();
-        let book = books.entry(turn.session.clone()).or_default();
+        let book = state.book(&mut books, &turn.session, now);
         book.last_ms = now;
         if calls.is_empty() || !text.trim().is_empty() {
             let v = turn.engine.observe(&Event::Text(Text {

@@ -28,6 +28,11 @@ use crate::judge::{CallIn, Judge, Judged};
 /// Largest single SSE event, and largest total of buffered tool-call text, accepted.
 pub const MAX_BUFFERED: usize = 16 << 20;
 
+/// Most of a turn's plain text kept for judging (every choice together). Text passes to the
+/// client at once whatever its length; beyond this much, the rest of the turn is not judged
+/// (the engine scans at most `chanting.max_message_chars` characters of a message anyway).
+pub const MAX_TEXT: usize = 16 << 20;
+
 #[derive(Debug, Default)]
 struct CallBuf {
     id: String,
@@ -58,6 +63,8 @@ pub struct StreamJudge<J> {
     event_bytes: usize,
     choices: BTreeMap<u64, ChoiceBuf>,
     buffered: usize,
+    /// Plain text kept for judging, every choice together (at most [`MAX_TEXT`]).
+    text_bytes: usize,
     envelope: Map<String, Value>,
     closed: bool,
     /// The upstream sent an error event of its own.
@@ -75,6 +82,7 @@ impl<J: Judge> StreamJudge<J> {
             event_bytes: 0,
             choices: BTreeMap::new(),
             buffered: 0,
+            text_bytes: 0,
             envelope: Map::new(),
             closed: false,
             upstream_error: false,
@@ -266,7 +274,13 @@ impl<J: Judge> StreamJudge<J> {
         };
         let buf = self.choices.entry(idx).or_default();
         if let Some(Value::String(t)) = delta.get("content") {
-            buf.text.push_str(t);
+            let room = MAX_TEXT.saturating_sub(self.text_bytes);
+            let mut take = t.len().min(room);
+            while !t.is_char_boundary(take) {
+                take -= 1;
+            }
+            buf.text.push_str(&t[..take]);
+            self.text_bytes += take;
         }
         let mut stripped = false;
         if let Some(tc) = delta.remove("tool_calls") {
@@ -463,6 +477,38 @@ mod tests {
         }
         out.extend(s.finish());
         (out, s.judge)
+    }
+
+    #[test]
+    fn plain_text_kept_for_judging_is_bounded_and_all_of_it_reaches_the_client() {
+        // 20 MiB of text in 64 KiB deltas (multi-byte characters at the cut): the client gets
+        // every byte, the judge at most MAX_TEXT of it, cut on a character boundary.
+        let piece = "é".repeat(32 * 1024);
+        let mut s = StreamJudge::new(Scripted::default());
+        let mut sent = 0usize;
+        let mut passed = 0usize;
+        let mut count = |events: Vec<String>| {
+            for d in data(&events) {
+                if let Some(t) = d["choices"][0]["delta"]["content"].as_str() {
+                    passed += t.len();
+                }
+            }
+        };
+        while sent < 20 << 20 {
+            count(s.push(chunk(json!({"content": piece}), None).as_bytes()));
+            sent += piece.len();
+        }
+        count(s.push(chunk(json!({}), Some("stop")).as_bytes()));
+        count(s.push(b"data: [DONE]\n\n"));
+        count(s.finish());
+        assert_eq!(passed, sent);
+        let (text, _) = &s.judge.seen[0];
+        assert!(
+            text.len() <= MAX_TEXT && text.len() > MAX_TEXT - 4,
+            "{}",
+            text.len()
+        );
+        assert!(s.text_bytes <= MAX_TEXT);
     }
 
     #[test]
