@@ -5,8 +5,10 @@ mod cases;
 mod plugins;
 mod proxy;
 mod simulate;
-mod transcript;
 mod validate;
+
+/// The transcript reader, shared with the tests and hosts.
+pub(crate) use loopguard_transcript as transcript;
 
 use std::process::ExitCode;
 

@@ -52,6 +52,8 @@
 
 pub mod commands;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod judge;
 mod listen;
 pub mod metrics;
