@@ -560,7 +560,7 @@ async fn hostile_clients_beside_a_normal_looping_client() {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) && sent.load(Ordering::Relaxed) < 50_000 {
                 i += 1;
-                let session = if i % 10 == 0 {
+                let session = if i.is_multiple_of(10) {
                     "normal".to_owned()
                 } else {
                     format!("fresh-{w}-{i}")

@@ -33,6 +33,10 @@ impl Host {
         config.background_flush = false;
         config.fail_closed = fail_closed;
         config.flush_interval = Duration::from_millis(20);
+        Host::with(config)
+    }
+
+    fn with(config: RedisConfig) -> Host {
         let store = Arc::new(RedisStore::connect(config).expect("valid config"));
         let policy = Policy::builtin_default().policy.expect("default policy");
         let engine = Engine::from_policy(&policy).with_store(Arc::clone(&store) as _);
@@ -130,8 +134,15 @@ fn workers_on_two_hosts_trip_the_group_detector_that_neither_sees_alone() {
 fn a_killed_redis_leaves_the_engine_answering_and_fail_closed_refuses_group_calls() {
     let mut server = RedisServer::start();
     let open = Host::new(&server, false);
-    let closed = Host::new(&server, true);
+    // A fail-closed store is live only while its last sync is within the staleness bound: this
+    // one syncs when told to, so its bound (500 ms) must cover the test's steps between syncs.
+    let mut config = RedisConfig::new(server.url());
+    config.background_flush = false;
+    config.fail_closed = true;
+    config.flush_interval = Duration::from_millis(250);
+    let closed = Host::with(config);
     assert!(open.install("w1", 1).is_allow());
+    closed.flush();
     assert!(closed.install("w2", 2).is_allow());
     open.flush();
     closed.flush();
@@ -185,6 +196,88 @@ fn a_killed_redis_leaves_the_engine_answering_and_fail_closed_refuses_group_call
         Availability::Live
     );
     assert!(closed.install("w3", 7).is_allow());
+}
+
+#[test]
+fn a_wrong_type_key_in_redis_does_not_multiply_counts_into_a_false_swarm_loop() {
+    let server = RedisServer::start();
+    let host = Host::new(&server, false);
+    // Another program wrote a string where loopguard keeps the index of another group, whose
+    // deltas travel in the same flushes.
+    let mut con = server.connection();
+    redis::cmd("SET")
+        .arg("loopguard:{intruded}:i")
+        .arg("not an index")
+        .query::<()>(&mut con)
+        .expect("SET");
+    host.engine.join_group("x", "intruded", "x");
+    // Four workers of the swarm run the failing install once each, flushes run again and again
+    // in between: far from the group threshold of 10, and it must stay so.
+    for (n, worker) in (1..).zip(["a1", "a2", "a3", "a4"]) {
+        let v = host.install(worker, n);
+        assert!(v.is_allow(), "{worker}: {v:?}");
+        let args = npm();
+        host.engine.observe(&Event::Call(Call {
+            session: "x",
+            call_id: &format!("x-{n}"),
+            tool: "bash",
+            arguments: Arguments::Json(&args),
+            time_ms: n * 1000,
+        }));
+        for _ in 0..5 {
+            let _ = host.store.flush_now();
+        }
+    }
+    let v = host.install("a5", 5);
+    assert!(v.is_allow(), "5 calls, not a swarm loop: {v:?}");
+    let status = host.engine.store_status();
+    assert_eq!(status.errors, 0, "{status:?}");
+    assert!(status.wrong_type_skips >= 1, "{status:?}");
+    let counts: Vec<String> = redis::cmd("KEYS")
+        .arg("loopguard:{swarm}:c:*")
+        .query(&mut con)
+        .expect("KEYS");
+    assert_eq!(counts.len(), 1, "{counts:?}");
+    let total: u64 = redis::cmd("GET")
+        .arg(&counts[0])
+        .query(&mut con)
+        .expect("GET");
+    assert_eq!(total, 4, "four calls flushed, each once");
+}
+
+#[test]
+fn a_frozen_redis_makes_fail_closed_refuse_during_the_freeze_and_allow_right_after() {
+    let server = RedisServer::start();
+    let mut config = RedisConfig::new(server.url());
+    config.fail_closed = true;
+    config.flush_interval = Duration::from_millis(100);
+    let host = Host::with(config);
+    let bound = host.store.config().staleness_bound();
+    assert!(host.install("w1", 1).is_allow());
+    eventually("the store is live", || {
+        host.engine.store_status().availability == Availability::Live
+    });
+
+    server.pause();
+    std::thread::sleep(bound + Duration::from_millis(20));
+    let refused = host.install("w2", 2);
+    assert_eq!(refused.action, Action::Block, "{refused:?}");
+    assert_eq!(refused.detector.as_deref(), Some("group_store"));
+    // Still refused while the freeze lasts, past the flush thread's one-second I/O timeout.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(host.install("w3", 3).action, Action::Block);
+
+    server.resume();
+    let thawed = std::time::Instant::now();
+    eventually("the store is live again", || {
+        host.engine.store_status().availability == Availability::Live
+    });
+    let recovered = thawed.elapsed();
+    assert!(
+        recovered <= bound + Duration::from_millis(300),
+        "calls refused for {recovered:?} after Redis thawed"
+    );
+    assert!(host.install("w4", 4).is_allow());
 }
 
 // --- `loopctl simulate --group`, the real binary ------------------------------------------------

@@ -163,7 +163,9 @@ pub enum Backend {
 pub struct StoreStatus {
     /// The backend.
     pub backend: Backend,
-    /// Whether the shared backend answered the last exchange (always true for memory).
+    /// Whether the shared backend answered the last exchange and that exchange started within
+    /// the staleness bound (always true for memory): a server that stops answering is
+    /// unreachable once the bound has passed, even while a request to it is still waiting.
     pub reachable: bool,
     /// What a `record` would be flagged with right now.
     pub availability: Availability,
@@ -191,6 +193,10 @@ pub struct StoreStatus {
     /// Local counts that could not be delivered to the shared backend because their entry was
     /// evicted or their group cleared while the backend was unreachable.
     pub dropped_deltas: u64,
+    /// Deltas a flush held back because a key of the shared backend holds a value of the wrong
+    /// type (another program wrote it): the key is left alone and named in the log and in
+    /// `last_error`, and its deltas stay on this host until the key is removed (zero for memory).
+    pub wrong_type_skips: u64,
 }
 
 /// The counters of the group (swarm) scope.

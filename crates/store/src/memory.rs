@@ -328,6 +328,7 @@ impl GroupStore for MemoryStore {
             evicted_groups: self.evicted_groups.load(Ordering::Relaxed),
             evicted_fingerprints: self.evicted_fingerprints.load(Ordering::Relaxed),
             dropped_deltas: 0,
+            wrong_type_skips: 0,
         }
     }
 }

@@ -120,6 +120,7 @@ fn keys_follow_the_documented_layout_and_expire() {
     assert_eq!(
         keys(&server, "*"),
         [
+            "test:lg:{swarm}:a".to_owned(),
             format!("test:lg:{{swarm}}:c:{fp}"),
             "test:lg:{swarm}:i".to_owned(),
             format!("test:lg:{{swarm}}:w:{fp}"),
@@ -130,9 +131,16 @@ fn keys_follow_the_documented_layout_and_expire() {
         .smembers(format!("test:lg:{{swarm}}:w:{fp}"))
         .expect("SMEMBERS");
     assert_eq!(workers, [w("a").to_string()]);
+    // The marker of applied batches lives twice the TTL: it must outlast any batch a host may
+    // still send again.
+    let markers: Vec<(String, f64)> = con
+        .zrange_withscores("test:lg:{swarm}:a", 0, -1)
+        .expect("ZRANGE");
+    assert_eq!(markers.len(), 1, "{markers:?}");
     for key in keys(&server, "*") {
         let ttl: i64 = con.pttl(&key).expect("PTTL");
-        assert!(ttl > 0 && ttl <= 60_000, "{key} has PTTL {ttl}");
+        let max = if key.ends_with(":a") { 120_000 } else { 60_000 };
+        assert!(ttl > 0 && ttl <= max, "{key} has PTTL {ttl}");
     }
 }
 
@@ -146,7 +154,8 @@ fn clearing_a_group_deletes_its_keys_only() {
     a.record("busy", w("a"), FP, 0);
     a.flush_now().expect("flush");
     b.flush_now().expect("flush");
-    assert_eq!(keys(&server, "loopguard:{done}:*").len(), 5);
+    // Two fingerprints (a count and a worker set each), the index, the marker.
+    assert_eq!(keys(&server, "loopguard:{done}:*").len(), 6);
 
     a.clear_group("done");
     // Locally at once.
@@ -155,7 +164,7 @@ fn clearing_a_group_deletes_its_keys_only() {
     let report = a.flush_now().expect("flush");
     assert_eq!(report.groups_cleared, 1);
     assert!(keys(&server, "loopguard:{done}:*").is_empty());
-    assert_eq!(keys(&server, "loopguard:{busy}:*").len(), 3);
+    assert_eq!(keys(&server, "loopguard:{busy}:*").len(), 4);
 
     // The other host starts over after its next flush.
     b.record("done", w("b"), FP, 10);
@@ -383,4 +392,211 @@ fn record_allocates_nothing_in_steady_state() {
     })
     .count_total;
     assert_eq!(allocations, 0);
+}
+
+// --- Regressions: wrong-type keys, deltas applied twice, a frozen server -----------------------
+
+#[test]
+fn a_wrong_type_key_holds_back_only_its_own_deltas_and_counts_are_never_multiplied() {
+    let server = RedisServer::start();
+    let (host, other) = (manual(&server), manual(&server));
+    let mut con = server.connection();
+    let fp = format!("{FP:016x}");
+    let count =
+        |con: &mut redis::Connection, key: &str| -> Option<u64> { con.get(key).expect("GET") };
+    // Another program wrote strings where loopguard keeps a worker set (one fingerprint of the
+    // group) and the index of another group.
+    let foreign_set = format!("loopguard:{{g}}:w:{OTHER:016x}");
+    let _: () = con.set(&foreign_set, "not a set").expect("SET");
+    let _: () = con
+        .set("loopguard:{intruded}:i", "not an index")
+        .expect("SET");
+
+    // Three real calls of FP, one of OTHER, one in the intruded group; flushed again and again.
+    for (t, name) in ["w1", "w2", "w3"].into_iter().enumerate() {
+        host.record("g", w(name), FP, t as u64);
+    }
+    host.record("g", w("w1"), OTHER, 3);
+    host.record("intruded", w("w1"), FP, 4);
+    for _ in 0..5 {
+        // Each flush is checked below, through the counts and the error counter.
+        let _ = host.flush_now();
+    }
+
+    // Three calls read as three, here, in Redis and on another host.
+    let tally = host.tally("g", FP);
+    assert_eq!((tally.count, tally.workers), (3, 3));
+    assert_eq!(count(&mut con, &format!("loopguard:{{g}}:c:{fp}")), Some(3));
+    other.record("g", w("w4"), FP, 5);
+    other.flush_now().expect("flush");
+    let tally = other.tally("g", FP);
+    assert_eq!((tally.count, tally.workers), (4, 4));
+
+    // The held-back deltas still count on this host, once; nothing was written next to the
+    // foreign keys, which are left as they were.
+    assert_eq!(host.tally("g", OTHER).count, 1);
+    assert_eq!(host.tally("intruded", FP).count, 1);
+    assert_eq!(
+        count(&mut con, &format!("loopguard:{{g}}:c:{OTHER:016x}")),
+        None
+    );
+    assert_eq!(
+        keys(&server, "loopguard:{intruded}:*"),
+        ["loopguard:{intruded}:i"]
+    );
+    let foreign: String = con.get(&foreign_set).expect("GET");
+    assert_eq!(foreign, "not a set");
+    let status = host.status();
+    assert_eq!(status.errors, 0, "{status:?}");
+    assert_eq!(status.availability, Availability::Live);
+    assert_eq!(status.wrong_type_skips, 10, "two keys, five flushes");
+    assert_eq!(status.pending, 2);
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("loopguard:{") && e.contains("wrong type")),
+        "{status:?}"
+    );
+
+    // Once the foreign keys are removed, the held-back deltas are applied, exactly once.
+    let _: () = con
+        .del(&[foreign_set.as_str(), "loopguard:{intruded}:i"])
+        .expect("DEL");
+    host.flush_now().expect("flush");
+    host.flush_now().expect("flush");
+    assert_eq!(
+        count(&mut con, &format!("loopguard:{{g}}:c:{OTHER:016x}")),
+        Some(1)
+    );
+    assert_eq!(
+        count(&mut con, &format!("loopguard:{{intruded}}:c:{fp}")),
+        Some(1)
+    );
+    assert_eq!(host.tally("g", OTHER).count, 1);
+    assert_eq!(host.status().pending, 0);
+    assert_eq!(host.status().wrong_type_skips, 10);
+}
+
+#[test]
+fn a_count_key_holding_text_is_skipped_and_a_clear_leaves_foreign_keys_alone() {
+    let server = RedisServer::start();
+    let host = manual(&server);
+    let mut con = server.connection();
+    let text_count = format!("loopguard:{{g}}:c:{OTHER:016x}");
+    let _: () = con.set(&text_count, "twelve").expect("SET");
+    host.record("g", w("a"), FP, 0);
+    host.record("g", w("a"), OTHER, 0);
+    host.flush_now().expect("flush");
+    assert_eq!(host.status().wrong_type_skips, 1);
+    assert_eq!(host.tally("g", OTHER).count, 1);
+    // The index names OTHER only if it was written: it was not.
+    let indexed: Vec<String> = con.zrange("loopguard:{g}:i", 0, -1).expect("ZRANGE");
+    assert_eq!(indexed, [format!("{FP:016x}")]);
+
+    // A clear deletes the group's own keys and leaves the foreign one alone.
+    let _: () = con
+        .zadd("loopguard:{g}:i", format!("{OTHER:016x}"), 1)
+        .expect("ZADD");
+    host.clear_group("g");
+    let report = host.flush_now().expect("flush");
+    assert_eq!(report.groups_cleared, 1);
+    assert_eq!(
+        keys(&server, "loopguard:{g}:*"),
+        std::slice::from_ref(&text_count)
+    );
+    let text: String = con.get(&text_count).expect("GET");
+    assert_eq!(text, "twelve");
+}
+
+#[test]
+fn a_flush_applied_after_its_reply_was_lost_is_not_applied_again() {
+    let server = RedisServer::start();
+    let mut config = RedisConfig::new(server.url());
+    config.background_flush = false;
+    config.io_timeout = Duration::from_millis(300);
+    let host = RedisStore::connect(config).expect("valid config");
+    let key = format!("loopguard:{{g}}:c:{FP:016x}");
+    host.record("g", w("a"), FP, 0);
+    host.flush_now().expect("flush");
+    for t in 1..4 {
+        host.record("g", w("a"), FP, t);
+    }
+    // The request reaches a frozen server: the host gives up waiting for the reply.
+    server.pause();
+    assert!(host.flush_now().is_err(), "a frozen server times out");
+    server.resume();
+    // The server then reads the request and applies it; nobody is there for the reply.
+    let mut con = server.connection();
+    eventually("the server applies the request it had buffered", || {
+        con.get::<_, Option<u64>>(&key).ok().flatten() == Some(4)
+    });
+    // The host sends the same batch again, more than once: Redis applies it once.
+    host.record("g", w("b"), FP, 4);
+    for _ in 0..3 {
+        host.flush_now().expect("flush");
+    }
+    let total: u64 = con.get(&key).expect("GET");
+    assert_eq!(total, 5);
+    let tally = host.tally("g", FP);
+    assert_eq!((tally.count, tally.workers), (5, 2));
+    assert_eq!(host.status().pending, 0);
+}
+
+#[test]
+fn a_frozen_server_is_unavailable_within_the_bound_and_live_within_the_bound_after_it_thaws() {
+    let server = RedisServer::start();
+    let mut config = RedisConfig::new(server.url());
+    config.fail_closed = true;
+    config.flush_interval = Duration::from_millis(100);
+    // The defaults otherwise: a one-second I/O timeout (longer than the bound, so the flush
+    // thread is still waiting when the bound passes) and a five-second backoff cap.
+    let host = RedisStore::connect(config).expect("valid config");
+    let bound = host.config().staleness_bound();
+    host.record("g", w("a"), FP, 0);
+    eventually("the record is flushed and the store live", || {
+        let status = host.status();
+        status.pending == 0 && status.availability == Availability::Live
+    });
+
+    server.pause();
+    let frozen = std::time::Instant::now();
+    // The last sync started before the freeze: once the bound has passed, answers are flagged,
+    // whatever the flush thread is doing.
+    std::thread::sleep(bound + Duration::from_millis(20));
+    let tally = host.record("g", w("a"), FP, 1);
+    assert!(
+        tally.is_unavailable(),
+        "{tally:?} after {:?}",
+        frozen.elapsed()
+    );
+    assert_eq!(tally.count, 2, "still counted locally");
+    let status = host.status();
+    assert!(!status.reachable, "{status:?}");
+    assert_eq!(status.availability, Availability::Unavailable);
+
+    // A long freeze: the flush thread times out and retries, and the store stays unavailable.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(host.record("g", w("a"), FP, 2).is_unavailable());
+    assert!(host.status().errors >= 1);
+
+    server.resume();
+    let thawed = std::time::Instant::now();
+    eventually("the store is live again", || {
+        host.status().availability == Availability::Live
+    });
+    let recovered = thawed.elapsed();
+    // Within the bound, plus scheduling slack for a busy test machine; the five-second backoff
+    // cap does not apply to a fail-closed store.
+    assert!(
+        recovered <= bound + Duration::from_millis(300),
+        "live again only {recovered:?} after the server thawed"
+    );
+    let tally = host.record("g", w("a"), FP, 3);
+    assert_eq!(tally.availability, Availability::Live);
+    let key = format!("loopguard:{{g}}:c:{FP:016x}");
+    let mut con = server.connection();
+    eventually("every record reaches Redis once", || {
+        con.get::<_, Option<u64>>(&key).ok().flatten() == Some(4)
+    });
 }

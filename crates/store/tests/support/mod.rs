@@ -63,6 +63,30 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open and the kernel still accepts new
+    /// ones, but nothing is answered until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a server frozen by [`pause`](Self::pause) (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .map(Child::id)
+            .unwrap_or_else(|| panic!("redis-server on port {} is not running", self.port));
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("could not run `kill {signal} {pid}`: {e}"));
+        assert!(status.success(), "`kill {signal} {pid}` failed: {status}");
+    }
+
     /// Starts the server again on the same port, empty (there is no persistence).
     pub fn restart(&mut self) {
         self.kill();
