@@ -621,3 +621,54 @@ async fn hostile_clients_beside_a_normal_looping_client() {
     let log = p.log();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_with_a_state_file_does_not_forget_a_loop() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("sessions.json");
+    let policy = write_policy(dir.path(), 3);
+    let args = [
+        "--rules",
+        policy.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ];
+    let mut p = Proxy::start(&up.base(), &args);
+    let mut messages = vec![json!({"role": "user", "content": "build it"})];
+    for _ in 0..2 {
+        assert_eq!(loop_turn(&p, "restarted", &mut messages).await, "released");
+    }
+    p.signal("TERM");
+    let status = p.child.wait().unwrap();
+    assert!(status.success(), "{status}\n{}", p.log());
+    assert!(p.log().contains("sessions saved"), "{}", p.log());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&state).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "the state file is the owner's only: {mode:o}"
+        );
+    }
+    // The restarted proxy goes on where the loop was.
+    let p = Proxy::start(&up.base(), &args);
+    assert!(p.log().contains("sessions restored"), "{}", p.log());
+    assert_eq!(loop_turn(&p, "restarted", &mut messages).await, "released");
+    assert_eq!(
+        loop_turn(&p, "restarted", &mut messages).await,
+        "refused",
+        "{}",
+        p.log()
+    );
+
+    // A file that is not a state file: logged, and the proxy starts with no sessions.
+    drop(p);
+    std::fs::write(&state, "{\"not\": \"a state file\"}").unwrap();
+    let p = Proxy::start(&up.base(), &args);
+    assert!(p.log().contains("cannot be restored"), "{}", p.log());
+    let r = client().get(p.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

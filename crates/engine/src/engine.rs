@@ -386,6 +386,29 @@ impl Engine {
             .collect()
     }
 
+    /// Restores the sessions of an [`Engine::snapshot`] one by one: each valid session replaces
+    /// the session of its id, an invalid one is skipped and its error returned (group state is
+    /// not restored). Fails only when the snapshot itself cannot be read. Returns the ids
+    /// restored and the errors of the sessions skipped.
+    pub fn restore_sessions(
+        &self,
+        snapshot: &serde_json::Value,
+    ) -> Result<(Vec<String>, Vec<SnapshotError>), SnapshotError> {
+        let body: snapshot::EngineV1 = snapshot::body(snapshot::open(snapshot)?)?;
+        let mut restored = Vec::new();
+        let mut skipped = Vec::new();
+        for (id, s) in &body.sessions {
+            match self.session_from(id, s) {
+                Ok(session) => {
+                    self.shard(id).insert(id.as_str().into(), session);
+                    restored.push(id.clone());
+                }
+                Err(e) => skipped.push(e),
+            }
+        }
+        Ok((restored, skipped))
+    }
+
     /// Runs `f` on a session's state, if the session exists.
     pub fn with_session<T>(&self, id: &str, f: impl FnOnce(&Session) -> T) -> Option<T> {
         self.shard(id).get(id).map(f)

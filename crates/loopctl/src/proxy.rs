@@ -69,6 +69,10 @@ pub struct Args {
     /// used (counted in `/metrics`).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     max_sessions: usize,
+    /// Save every session to FILE when the proxy stops (SIGTERM, SIGINT) and restore them
+    /// from it at start, so that a restart does not forget a loop already warned or refused.
+    #[arg(long, value_name = "FILE")]
+    state: Option<PathBuf>,
     /// Allow in-chat commands only to callers whose API key is listed in FILE (one per line;
     /// implies --allow-chat-commands). The keys are kept only as keyed hashes.
     #[arg(long, value_name = "FILE")]
@@ -172,6 +176,7 @@ pub fn run(args: Args) -> u8 {
         timeout: Duration::from_secs(args.timeout.max(1)),
         max_connections: args.max_connections,
         max_sessions: args.max_sessions,
+        state_file: args.state,
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         ..Options::new(args.upstream)
     };

@@ -121,6 +121,9 @@ pub struct Options {
     pub chat_commands: ChatCommands,
     /// Most sessions kept; a new one beyond evicts the least recently used.
     pub max_sessions: usize,
+    /// Where sessions are saved at shutdown and restored from at start, so that a restart
+    /// does not forget a loop already warned or refused.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 /// Who may use in-chat commands (`!/set(…)`, `!/unset(…)`). For anyone else they are plain
@@ -150,6 +153,7 @@ impl Options {
             header_timeout: Duration::from_secs(30),
             chat_commands: ChatCommands::Off,
             max_sessions: 100_000,
+            state_file: None,
         }
     }
 }
@@ -283,6 +287,9 @@ impl Proxy {
         let state = Arc::new(state::State::new(
             options, upstream, backend, client, setup, loader,
         ));
+        if let Some(path) = state.options.state_file.clone() {
+            restore_state(&state, &path);
+        }
         Ok(Proxy {
             state,
             listener,
@@ -349,6 +356,9 @@ impl Proxy {
         };
         reloader.abort();
         evictor.abort();
+        if let Some(path) = &state.options.state_file {
+            save_state(&state, path);
+        }
         tracing::info!("loopguard proxy stopped");
         result
     }
@@ -372,6 +382,52 @@ pub fn run(
         ready(proxy.local_addr());
         proxy.serve(std::future::pending()).await
     })
+}
+
+/// Largest state file read at start.
+pub const MAX_STATE_BYTES: usize = 256 << 20;
+
+/// Restores the sessions saved in `path`, if it exists. A file that cannot be read or is not a
+/// state file is logged and left alone: the proxy starts with no sessions.
+fn restore_state(state: &state::State, path: &std::path::Path) {
+    if !path.exists() {
+        tracing::info!(path = %path.display(), "no saved sessions yet");
+        return;
+    }
+    let restored = loopguard_rules::read::read_text(path, MAX_STATE_BYTES, "state files")
+        .map_err(|e| e.to_string())
+        .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+        .and_then(|doc| state.restore_sessions(&doc));
+    match restored {
+        Ok(n) => tracing::info!(path = %path.display(), sessions = n, "sessions restored"),
+        Err(error) => tracing::error!(
+            path = %path.display(),
+            %error,
+            "the saved sessions cannot be restored; starting with none"
+        ),
+    }
+}
+
+/// Saves every session to `path` (written whole to a temporary file, readable by the owner
+/// only, then renamed over it).
+fn save_state(state: &state::State, path: &std::path::Path) {
+    let doc = state.sessions_document();
+    let tmp = path.with_extension("tmp");
+    let written = (|| -> std::io::Result<()> {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&tmp)?;
+        serde_json::to_writer(&mut file, &doc)?;
+        std::io::Write::flush(&mut file)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    match written {
+        Ok(()) => tracing::info!(path = %path.display(), "sessions saved"),
+        Err(error) => tracing::error!(path = %path.display(), %error, "cannot save the sessions"),
+    }
 }
 
 async fn reload_on(mut hup: Hangup, state: Arc<state::State>) {

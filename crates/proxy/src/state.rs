@@ -185,9 +185,12 @@ pub struct State {
     books: Mutex<LruCache<String, Book>>,
     loader: Option<Arc<dyn Loader>>,
     next_id: AtomicU64,
-    /// The key of the credential hashes in session ids, chosen at random at start.
-    seed: u64,
-    /// Keyed hashes of the keys allowed in-chat commands (`ChatCommands::Keys`).
+    /// The key of the credential hashes in session ids: chosen at random at start, or the
+    /// one saved with restored sessions (whose ids were made with it).
+    seed: AtomicU64,
+    /// Keyed hashes of the keys allowed in-chat commands (`ChatCommands::Keys`), with their
+    /// own key (never saved).
+    command_seed: u64,
     command_keys: Vec<u64>,
 }
 
@@ -211,13 +214,14 @@ impl State {
     ) -> State {
         use std::hash::BuildHasher;
         let seed = std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64);
+        let command_seed = std::collections::hash_map::RandomState::new().hash_one(0xc0de_u64);
         let mut options = options;
         // The operator's keys are kept only as keyed hashes.
         let command_keys = match &mut options.chat_commands {
             crate::ChatCommands::Keys(keys) => {
                 let hashed = keys
                     .iter()
-                    .map(|k| session::key_hash(k.trim(), seed))
+                    .map(|k| session::key_hash(k.trim(), command_seed))
                     .collect();
                 keys.iter_mut().for_each(|k| *k = "<redacted>".to_owned());
                 hashed
@@ -226,7 +230,8 @@ impl State {
         };
         State {
             guard: RwLock::new(Arc::new(Guard::new(setup, backend.clone()))),
-            seed,
+            seed: AtomicU64::new(seed),
+            command_seed,
             command_keys,
             options,
             upstream,
@@ -279,6 +284,69 @@ impl State {
             "chatcmpl-loopguard-{}",
             self.next_id.fetch_add(1, Ordering::Relaxed)
         )
+    }
+
+    /// Every session of every engine, as one JSON document: `{"version": 1, "key": …,
+    /// "engines": [{"model": …, "snapshot": …}]}` (the engine snapshots of
+    /// [`Engine::snapshot`], and the key of the credential hashes in their ids).
+    pub fn sessions_document(&self) -> Value {
+        let guard = self.guard();
+        let engines: Vec<Value> = guard
+            .engines_map()
+            .iter()
+            .map(|(model, e)| json!({"model": model, "snapshot": e.snapshot()}))
+            .collect();
+        // The session ids' key goes with them: restored sessions keep their ids.
+        json!({
+            "version": 1,
+            "key": self.seed.load(Ordering::Relaxed).to_string(),
+            "engines": engines,
+        })
+    }
+
+    /// Restores the sessions of a [`State::sessions_document`] into this policy's engines;
+    /// returns how many sessions came back. A session the policy cannot take is skipped (and
+    /// logged); a document of another shape is an error.
+    pub fn restore_sessions(&self, doc: &Value) -> Result<usize, String> {
+        if doc.get("version").and_then(Value::as_u64) != Some(1) {
+            return Err("not a loopguard proxy state file of version 1".to_owned());
+        }
+        let Some(engines) = doc.get("engines").and_then(Value::as_array) else {
+            return Err("the state file has no `engines` list".to_owned());
+        };
+        let Some(key) = doc
+            .get("key")
+            .and_then(Value::as_str)
+            .and_then(|k| k.parse::<u64>().ok())
+        else {
+            return Err("the state file has no session-id `key`".to_owned());
+        };
+        self.seed.store(key, Ordering::Relaxed);
+        let guard = self.guard();
+        let now = now_ms();
+        let mut restored = 0;
+        let mut books = self.books();
+        for entry in engines {
+            let model = entry.get("model").and_then(Value::as_str);
+            let Some(snapshot) = entry.get("snapshot") else {
+                continue;
+            };
+            let engine = guard.engine(model);
+            let (ids, skipped) = engine
+                .restore_sessions(snapshot)
+                .map_err(|e| format!("a saved engine cannot be read: {e}"))?;
+            for error in skipped {
+                tracing::warn!(%error, "a saved session cannot be restored; it starts over");
+            }
+            for id in ids {
+                restored += 1;
+                let settings = engine.session_settings(&id);
+                let book = self.book(&mut books, &id, now);
+                book.last_ms = now;
+                book.settings = settings;
+            }
+        }
+        Ok(restored)
     }
 
     /// Loads the policy again; on success it replaces the one in force. Sessions carry over:
@@ -355,12 +423,14 @@ impl State {
     /// Reads a chat-completions request: session, commands, tail events, nudges. Rewrites
     /// `body` into what goes upstream.
     pub fn prepare(&self, headers: &HeaderMap, body: &mut Value) -> Prepared {
-        let session = session::identify_scoped(headers, body, self.seed);
+        let session = session::identify_scoped(headers, body, self.seed.load(Ordering::Relaxed));
         let honour = match &self.options.chat_commands {
             crate::ChatCommands::Off => false,
             crate::ChatCommands::Everyone => true,
-            crate::ChatCommands::Keys(_) => session::credential(headers)
-                .is_some_and(|k| self.command_keys.contains(&session::key_hash(k, self.seed))),
+            crate::ChatCommands::Keys(_) => session::credential(headers).is_some_and(|k| {
+                self.command_keys
+                    .contains(&session::key_hash(k, self.command_seed))
+            }),
         };
         let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
         let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
