@@ -193,3 +193,48 @@ fn readme_rule_reference_is_generated_from_the_declarations() {
         "README rule reference is stale: run `loopctl schema --reference` and paste it between the markers"
     );
 }
+
+#[test]
+fn extends_builtin_names_a_shipped_policy_from_any_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("mine.yaml");
+    std::fs::write(
+        &mine,
+        "version: 1\nname: mine\nextends: builtin:default\ndetectors:\n  exact_repeat: { threshold: 4 }\n",
+    )
+    .unwrap();
+    loopctl()
+        .current_dir(dir.path())
+        .args(["validate", "mine.yaml"])
+        .assert()
+        .code(0);
+    // The built-in strict policy extends the built-in default in turn.
+    std::fs::write(&mine, "version: 1\nname: mine\nextends: builtin:strict\n").unwrap();
+    loopctl()
+        .current_dir(dir.path())
+        .args(["validate", "mine.yaml"])
+        .assert()
+        .code(0);
+    // It replays like the shipped file would.
+    let example = loopguard_tests::root().join("examples/looping-openai.json");
+    loopctl()
+        .current_dir(dir.path())
+        .args(["simulate", "--rules", "mine.yaml"])
+        .arg(&example)
+        .assert()
+        .code(3);
+    std::fs::write(&mine, "version: 1\nname: mine\nextends: builtin:nope\n").unwrap();
+    let assert = loopctl()
+        .current_dir(dir.path())
+        .args(["validate", "mine.yaml"])
+        .assert()
+        .code(1);
+    let output = assert.get_output();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(out.contains("no built-in policy `nope`"), "{out}");
+    assert!(out.contains("builtin:default"), "{out}");
+}

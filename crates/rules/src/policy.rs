@@ -239,7 +239,54 @@ impl Policy {
 /// The text of `rules/default.yaml`, embedded so the engine and `loopctl` work from anywhere.
 pub const DEFAULT_POLICY: &str = include_str!("../../../rules/default.yaml");
 
+/// The shipped policies (`rules/*.yaml`), embedded: `extends: builtin:NAME` names one from any
+/// directory. Inside them, relative `extends` (`default.yaml`) stay among the built-ins.
+pub const BUILTIN_POLICIES: &[(&str, &str)] = &[
+    ("default", DEFAULT_POLICY),
+    ("strict", include_str!("../../../rules/strict.yaml")),
+    ("lenient", include_str!("../../../rules/lenient.yaml")),
+    ("nudge", include_str!("../../../rules/nudge.yaml")),
+    ("proxy", include_str!("../../../rules/proxy.yaml")),
+    ("categories", include_str!("../../../rules/categories.yaml")),
+];
+
+/// The prefix of the built-in policies' paths (`builtin:/default.yaml`).
+const BUILTIN_DIR: &str = "builtin:/";
+
+/// Where `extends: rel` leads from a file at `path`: `builtin:NAME` is a built-in policy;
+/// anything else is relative to the extending file's directory.
+fn extended_path(path: &Path, rel: &str) -> PathBuf {
+    match rel.strip_prefix("builtin:") {
+        Some(name) => PathBuf::from(format!(
+            "{BUILTIN_DIR}{}.yaml",
+            name.trim_start_matches('/')
+        )),
+        None => path.parent().unwrap_or(Path::new(".")).join(rel),
+    }
+}
+
 fn read_limited(path: &Path) -> Result<String, LoadError> {
+    if let Some(file) = path.to_str().and_then(|p| p.strip_prefix(BUILTIN_DIR)) {
+        let name = file.strip_suffix(".yaml").unwrap_or(file);
+        return BUILTIN_POLICIES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, text)| (*text).to_owned())
+            .ok_or_else(|| LoadError::Read {
+                path: path.into(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!(
+                        "no built-in policy `{name}` (built-ins: {})",
+                        BUILTIN_POLICIES
+                            .iter()
+                            .map(|(n, _)| format!("builtin:{n}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ),
+            });
+    }
     crate::read::read_text(path, MAX_FILE_BYTES, "policy files").map_err(|source| LoadError::Read {
         path: path.into(),
         source,
@@ -417,7 +464,7 @@ fn load_chain(
     let Some(rel) = target.as_str() else {
         return Some(node); // wrong type, already reported
     };
-    let parent_path = path.parent().unwrap_or(Path::new(".")).join(rel);
+    let parent_path = extended_path(path, rel);
     let parent_canonical = canonical(&parent_path);
     if chain.contains(&parent_canonical) {
         diagnostics.push(
@@ -463,7 +510,10 @@ fn load_chain(
                     format!("cannot read extended policy `{rel}`: {source}"),
                 )
                 .with_label(format!("looked for `{}`", parent_path.display()))
-                .with_help("paths in `extends` are relative to the file that names them"),
+                .with_help(
+                    "paths in `extends` are relative to the file that names them; \
+                     `builtin:default` names the shipped default from anywhere",
+                ),
             );
             return Some(node);
         }
