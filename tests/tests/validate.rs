@@ -44,6 +44,8 @@ fn shipped_policies_are_valid_without_warnings() {
 
 #[test]
 fn every_broken_policy_reports_its_diagnostic_at_the_right_place() {
+    let bless = std::env::var_os("LOOPGUARD_BLESS").is_some();
+    let mut blessed = Vec::new();
     let files = fixtures();
     assert!(files.len() >= 30, "the fixture suite is present");
     for file in files {
@@ -81,16 +83,28 @@ fn every_broken_policy_reports_its_diagnostic_at_the_right_place() {
             .expect("run loopctl");
         let rendered = String::from_utf8(human.stderr).expect("utf-8");
         let snapshot = file.with_extension("expected");
-        if std::env::var_os("LOOPGUARD_BLESS").is_some() {
-            std::fs::write(&snapshot, &rendered).expect("write snapshot");
+        let expected = std::fs::read_to_string(&snapshot).ok();
+        if bless {
+            // Blessing writes what changed and says so; it compares nothing.
+            if expected.as_deref() != Some(rendered.as_str()) {
+                std::fs::write(&snapshot, &rendered).expect("write snapshot");
+                blessed.push(snapshot.display().to_string());
+            }
+            continue;
         }
-        let expected = std::fs::read_to_string(&snapshot)
-            .unwrap_or_else(|_| panic!("missing snapshot {}", snapshot.display()));
+        let expected =
+            expected.unwrap_or_else(|| panic!("missing snapshot {}", snapshot.display()));
         assert_eq!(
             rendered,
             expected,
             "rendered diagnostics of {} changed",
             rel.display()
+        );
+    }
+    if bless {
+        println!(
+            "blessed {} snapshot(s); review the diff: {blessed:?}",
+            blessed.len()
         );
     }
 }

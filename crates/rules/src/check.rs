@@ -333,10 +333,21 @@ pub fn check_value(
         (Kind::Map(_), Value::Null) => {}
         (kind, found) => {
             let mut diag = type_error(node, path, &with_article(&kind_name(kind)), found);
-            if matches!(kind, Kind::Int { .. } | Kind::Float { .. } | Kind::Bool)
-                && matches!(found, Value::Str(_))
+            if let (Kind::Int { .. } | Kind::Float { .. } | Kind::Bool, Value::Str(text)) =
+                (kind, found)
             {
-                diag = diag.with_help("remove the quotes");
+                // Quotes are the mistake only when the text inside is a value of the kind.
+                let t = text.trim();
+                let unquoted = match kind {
+                    Kind::Int { .. } => t.parse::<i64>().is_ok(),
+                    Kind::Float { .. } => t.parse::<f64>().is_ok(),
+                    _ => matches!(t, "true" | "false"),
+                };
+                diag = diag.with_help(match (unquoted, kind) {
+                    (true, _) => "remove the quotes",
+                    (false, Kind::Bool) => "write `true` or `false`, without quotes",
+                    (false, _) => "write the number in digits, without quotes",
+                });
             } else if matches!(kind, Kind::List(_)) && !matches!(found, Value::Map(_)) {
                 diag = diag.with_help("write a list: `[a, b]` or one `- item` per line");
             } else if matches!(
