@@ -818,3 +818,82 @@ fn the_built_plugins_still_load() {
         );
     }
 }
+
+#[test]
+fn validate_no_plugins_checks_a_policy_without_loading_its_plugins() {
+    let dir = tempfile::tempdir().unwrap();
+    // A "plugin" that is not a library: loading it fails, so a clean `--no-plugins` run shows
+    // it was never handed to the loader.
+    let not_a_library = dir.path().join("libnot_a_plugin.so");
+    std::fs::write(&not_a_library, "not a shared library").unwrap();
+    let path = temp_policy(
+        dir.path(),
+        &format!(
+            "version: 1\nplugins:\n  - path: {}\n  - path: missing/libnothing.so\n",
+            quoted(&not_a_library)
+        ),
+    );
+    let out = loopctl()
+        .args(["validate", "--no-plugins", "--error-format", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+
+    // Policy errors are still reported with --no-plugins.
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(
+        &broken,
+        format!(
+            "version: 1\nwindow: {{ size: 1 }}\nplugins:\n  - path: {}\n",
+            quoted(&not_a_library)
+        ),
+    )
+    .unwrap();
+    let out = loopctl()
+        .args(["validate", "--no-plugins"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("window.size") && !stderr.contains("loadable"),
+        "{stderr}"
+    );
+
+    // Without the flag, the plugins are loaded and their failures reported.
+    let out = loopctl()
+        .args(["validate", "--error-format", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let codes: Vec<&str> = report["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codes,
+        ["plugin-not-loadable", "plugin-not-found"],
+        "{report}"
+    );
+
+    // The help says what loading a plugin means.
+    let help = loopctl().args(["validate", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("Loading a plugin runs") && help.contains("--no-plugins"),
+        "{help}"
+    );
+}
