@@ -897,3 +897,74 @@ fn validate_no_plugins_checks_a_policy_without_loading_its_plugins() {
         "{help}"
     );
 }
+
+// --- one session's plugin work and another's ----------------------------------------------------
+
+#[test]
+fn a_slow_plugin_event_of_one_session_does_not_block_another_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "    config: {{ block_session: slow, dir: {} }}\n",
+        quoted(dir.path())
+    );
+    let engine = std::sync::Arc::new(engine(&entry("loopguard-plugin-slow", &config)));
+    // A session that the plugin serves from another shard than `slow` (the plugin declares 16).
+    let shard = |s: &str| loopguard_plugin_sdk::session_shard(s, 16);
+    let fast = (0..)
+        .map(|i| format!("fast-{i}"))
+        .find(|s| shard(s) != shard("slow"))
+        .unwrap();
+
+    let held = std::thread::spawn({
+        let engine = std::sync::Arc::clone(&engine);
+        move || {
+            engine.observe(&Event::Call(Call {
+                session: "slow",
+                call_id: "s1",
+                tool: "search",
+                arguments: Arguments::Raw("{}"),
+                time_ms: 1,
+            }))
+        }
+    });
+    // The slow event is inside the plugin once it has written `entered`.
+    let entered = dir.path().join("entered");
+    let start = std::time::Instant::now();
+    while !entered.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the slow event never reached the plugin"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // Meanwhile another session's events go through the same plugin and the same engine.
+    for i in 0..5u64 {
+        let id = format!("f{i}");
+        let args = format!(r#"{{"path":"notes/{i}.md"}}"#);
+        engine.observe(&Event::Call(Call {
+            session: &fast,
+            call_id: &id,
+            tool: "read",
+            arguments: Arguments::Raw(&args),
+            time_ms: i * 1000,
+        }));
+        engine.observe(&Event::Result(ToolResult {
+            session: &fast,
+            call_id: &id,
+            output: &args,
+            is_error: false,
+            exit_code: None,
+            time_ms: i * 1000 + 1,
+        }));
+    }
+    assert_eq!(
+        engine.with_session(&fast, |s| s.settings().is_empty()),
+        Some(true)
+    );
+    assert!(
+        !held.is_finished(),
+        "the slow session's event is still held in the plugin while the other session went on"
+    );
+    std::fs::write(dir.path().join("release"), b"").unwrap();
+    assert_eq!(held.join().unwrap().action, Action::Allow);
+}
