@@ -1311,7 +1311,8 @@ fn hostile_snapshots_are_refused_and_never_stored() {
             }
         })
     };
-    let hostile: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+    type Edit<'a> = Box<dyn Fn(&mut Value) + 'a>;
+    let hostile: Vec<(&str, Edit<'_>, &str)> = vec![
         (
             "a 50 MB message",
             Box::new(|s: &mut Value| {
