@@ -17,6 +17,7 @@ pub const PLUGINS: &[&str] = &[
     "loopguard-plugin-panicky",
     "loopguard-plugin-wrong-abi",
     "loopguard-plugin-bad-status",
+    "loopguard-plugin-slow",
     "loopguard-plugin-similarity",
     "loopguard-plugin-results",
     "loopguard-plugin-llm-judge",

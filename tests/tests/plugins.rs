@@ -667,3 +667,304 @@ fn simulate_refuses_a_policy_whose_plugin_does_not_load() {
     );
     assert!(out.stdout.is_empty());
 }
+
+// --- which files are loaded ---------------------------------------------------------------------
+
+/// A copy of the built `noop` plugin in `dir`, with Unix mode `mode`.
+#[cfg(unix)]
+fn noop_copy(dir: &Path, mode: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("libnoop_copy.so");
+    std::fs::copy(plugin_path("loopguard-plugin-noop"), &path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path
+}
+
+#[cfg(unix)]
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The one load error of a policy naming `path`, as a diagnostic code and message.
+fn load_error(path: &Path) -> (String, String) {
+    let p = policy(&format!("  - path: {}\n", quoted(path)));
+    let errors = loopguard_engine::load_plugins(&p).unwrap_err();
+    assert_eq!(errors.len(), 1);
+    let d = errors[0].diagnostic();
+    (d.code.to_owned(), d.message)
+}
+
+#[cfg(unix)]
+#[test]
+fn a_world_writable_library_is_refused_naming_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = noop_copy(dir.path(), 0o666);
+    let (code, message) = load_error(&lib);
+    assert_eq!(code, "plugin-refused");
+    assert!(
+        message.contains("libnoop_copy.so") && message.contains("world-writable"),
+        "{message}"
+    );
+    // Group-writable is refused too.
+    set_mode(&lib, 0o664);
+    let (_, message) = load_error(&lib);
+    assert!(message.contains("group-writable"), "{message}");
+    // `loopctl validate` says the same, at the entry's line.
+    set_mode(&lib, 0o646);
+    let policy = temp_policy(
+        dir.path(),
+        &format!("version: 1\nplugins:\n  - path: {}\n", quoted(&lib)),
+    );
+    let out = loopctl().arg("validate").arg(&policy).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("policy.yaml:3:11") && stderr.contains("world-writable"),
+        "{stderr}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_library_in_a_world_writable_directory_is_refused_naming_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("shared");
+    std::fs::create_dir(&open).unwrap();
+    let lib = noop_copy(&open, 0o755);
+    // World-writable with the sticky bit (like /tmp) is refused all the same.
+    for mode in [0o777, 0o1777, 0o775] {
+        set_mode(&open, mode);
+        let (code, message) = load_error(&lib);
+        assert_eq!(code, "plugin-refused", "mode {mode:o}");
+        assert!(
+            message.contains("its directory") && message.contains("shared"),
+            "{message}"
+        );
+    }
+    set_mode(&open, 0o755);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_plugin_path_is_refused_without_being_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("libplugin.so");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success();
+    assert!(made, "mkfifo");
+    // Opening a FIFO without a writer blocks: returning at all shows it was not opened.
+    let (code, message) = load_error(&fifo);
+    assert_eq!(code, "plugin-refused");
+    assert!(
+        message.contains("libplugin.so") && message.contains("FIFO"),
+        "{message}"
+    );
+    let out = loopctl()
+        .arg("plugins")
+        .arg(&fifo)
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("FIFO"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_symlink_is_resolved_and_its_target_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("shared");
+    std::fs::create_dir(&open).unwrap();
+    let lib = noop_copy(&open, 0o755);
+    let link = dir.path().join("libnoop_link.so");
+    std::os::unix::fs::symlink(&lib, &link).unwrap();
+    // A safe target through a link loads...
+    let p = policy(&format!("  - path: {}\n", quoted(&link)));
+    let loaded = loopguard_engine::load_plugins(&p).unwrap();
+    assert_eq!(loaded[0].plugin().path(), lib.canonicalize().unwrap());
+    // ...an unsafe one is refused, naming the target.
+    set_mode(&lib, 0o666);
+    let (code, message) = load_error(&link);
+    assert_eq!(code, "plugin-refused");
+    assert!(
+        message.contains("libnoop_link.so") && message.contains("libnoop_copy.so"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_built_plugins_still_load() {
+    let p = policy(&format!(
+        "{}{}",
+        entry("loopguard-plugin-noop", ""),
+        entry("loopguard-plugin-similarity", "")
+    ));
+    assert_eq!(loopguard_engine::load_plugins(&p).unwrap().len(), 2);
+    #[cfg(unix)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = noop_copy(dir.path(), 0o755);
+        assert!(
+            loopguard_engine::load_plugins(&policy(&format!("  - path: {}\n", quoted(&lib))))
+                .is_ok()
+        );
+    }
+}
+
+#[test]
+fn validate_no_plugins_checks_a_policy_without_loading_its_plugins() {
+    let dir = tempfile::tempdir().unwrap();
+    // A "plugin" that is not a library: loading it fails, so a clean `--no-plugins` run shows
+    // it was never handed to the loader.
+    let not_a_library = dir.path().join("libnot_a_plugin.so");
+    std::fs::write(&not_a_library, "not a shared library").unwrap();
+    let path = temp_policy(
+        dir.path(),
+        &format!(
+            "version: 1\nplugins:\n  - path: {}\n  - path: missing/libnothing.so\n",
+            quoted(&not_a_library)
+        ),
+    );
+    let out = loopctl()
+        .args(["validate", "--no-plugins", "--error-format", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+
+    // Policy errors are still reported with --no-plugins.
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(
+        &broken,
+        format!(
+            "version: 1\nwindow: {{ size: 1 }}\nplugins:\n  - path: {}\n",
+            quoted(&not_a_library)
+        ),
+    )
+    .unwrap();
+    let out = loopctl()
+        .args(["validate", "--no-plugins"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("window.size") && !stderr.contains("loadable"),
+        "{stderr}"
+    );
+
+    // Without the flag, the plugins are loaded and their failures reported.
+    let out = loopctl()
+        .args(["validate", "--error-format", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let codes: Vec<&str> = report["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codes,
+        ["plugin-not-loadable", "plugin-not-found"],
+        "{report}"
+    );
+
+    // The help says what loading a plugin means.
+    let help = loopctl().args(["validate", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("Loading a plugin runs") && help.contains("--no-plugins"),
+        "{help}"
+    );
+}
+
+// --- one session's plugin work and another's ----------------------------------------------------
+
+#[test]
+fn a_slow_plugin_event_of_one_session_does_not_block_another_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "    config: {{ block_session: slow, dir: {} }}\n",
+        quoted(dir.path())
+    );
+    let engine = std::sync::Arc::new(engine(&entry("loopguard-plugin-slow", &config)));
+    // A session that the plugin serves from another shard than `slow` (the plugin declares 16).
+    let shard = |s: &str| loopguard_plugin_sdk::session_shard(s, 16);
+    let fast = (0..)
+        .map(|i| format!("fast-{i}"))
+        .find(|s| shard(s) != shard("slow"))
+        .unwrap();
+
+    let held = std::thread::spawn({
+        let engine = std::sync::Arc::clone(&engine);
+        move || {
+            engine.observe(&Event::Call(Call {
+                session: "slow",
+                call_id: "s1",
+                tool: "search",
+                arguments: Arguments::Raw("{}"),
+                time_ms: 1,
+            }))
+        }
+    });
+    // The slow event is inside the plugin once it has written `entered`.
+    let entered = dir.path().join("entered");
+    let start = std::time::Instant::now();
+    while !entered.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the slow event never reached the plugin"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // Meanwhile another session's events go through the same plugin and the same engine.
+    for i in 0..5u64 {
+        let id = format!("f{i}");
+        let args = format!(r#"{{"path":"notes/{i}.md"}}"#);
+        engine.observe(&Event::Call(Call {
+            session: &fast,
+            call_id: &id,
+            tool: "read",
+            arguments: Arguments::Raw(&args),
+            time_ms: i * 1000,
+        }));
+        engine.observe(&Event::Result(ToolResult {
+            session: &fast,
+            call_id: &id,
+            output: &args,
+            is_error: false,
+            exit_code: None,
+            time_ms: i * 1000 + 1,
+        }));
+    }
+    assert_eq!(
+        engine.with_session(&fast, |s| s.settings().is_empty()),
+        Some(true)
+    );
+    assert!(
+        !held.is_finished(),
+        "the slow session's event is still held in the plugin while the other session went on"
+    );
+    std::fs::write(dir.path().join("release"), b"").unwrap();
+    assert_eq!(held.join().unwrap().action, Action::Allow);
+}

@@ -1,4 +1,8 @@
-//! The [`Engine`]: many sessions, sharded behind mutexes, usable from many threads.
+//! The [`Engine`]: many sessions, usable from many threads.
+//!
+//! Sessions live in shards (maps behind mutexes, held only to find or add a session), and each
+//! session has its own mutex, held while one of its events is observed. So one session's slow
+//! event (a slow plugin) never holds up another session's.
 //!
 //! # Configuration tiers
 //!
@@ -34,13 +38,22 @@ use crate::verdict::Verdict;
 
 const SHARDS: usize = 16;
 
-type Shard = HashMap<Box<str>, Session, BuildHasherDefault<MapHasher>>;
+/// A session behind its own lock.
+type Handle = Arc<Mutex<Session>>;
+
+type Shard = HashMap<Box<str>, Handle, BuildHasherDefault<MapHasher>>;
+
+/// Locks a session. A panic while observing it leaves a poisoned lock, which is taken over as
+/// is (as the shards' locks are).
+fn lock(session: &Mutex<Session>) -> MutexGuard<'_, Session> {
+    session.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Distinct session settings whose compiled rules no session uses any more are dropped once
 /// the engine holds more than this many.
 const MAX_VARIANTS: usize = 32;
 
-/// Sessions by id, each observed under its shard's lock.
+/// Sessions by id, each observed under its own lock.
 #[derive(Debug)]
 pub struct Engine {
     /// The rules of sessions with no settings of their own.
@@ -103,12 +116,43 @@ impl Engine {
     }
 
     fn move_members(&self) {
+        for (_, s) in self.sessions() {
+            lock(&s).set_store(&self.store);
+        }
+    }
+
+    /// Every session (the shards' locks are held only while the list is taken).
+    fn sessions(&self) -> Vec<(Box<str>, Handle)> {
+        let mut all = Vec::new();
         for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
-            for s in map.values_mut() {
-                s.set_store(&self.store);
+            let map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(map.iter().map(|(id, s)| (id.clone(), Arc::clone(s))));
+        }
+        all
+    }
+
+    /// The session `id`, if it exists.
+    fn get(&self, id: &str) -> Option<Handle> {
+        self.shard(id).get(id).map(Arc::clone)
+    }
+
+    /// The session `id`, started if it did not exist.
+    fn get_or_start(&self, id: &str) -> Handle {
+        let mut shard = self.shard(id);
+        match shard.get(id) {
+            Some(s) => Arc::clone(s),
+            None => {
+                let s = Arc::new(Mutex::new(Session::new(Arc::clone(&self.rules))));
+                shard.insert(id.into(), Arc::clone(&s));
+                s
             }
         }
+    }
+
+    /// Puts `session` in place of the session `id`.
+    fn put(&self, id: &str, session: Session) {
+        self.shard(id)
+            .insert(id.into(), Arc::new(Mutex::new(session)));
     }
 
     /// The store of group counters.
@@ -184,17 +228,16 @@ impl Engine {
     /// Observes one event of its session (created on first sight).
     pub fn observe(&self, event: &Event<'_>) -> Verdict {
         let id = event.session();
-        let mut shard = self.shard(id);
-        if let Some(s) = shard.get_mut(id) {
-            return s.observe(event);
-        }
-        if matches!(event, Event::Reset { .. }) {
-            return Verdict::allow();
-        }
-        let mut s = Session::new(Arc::clone(&self.rules));
-        let v = s.observe(event);
-        shard.insert(id.into(), s);
-        v
+        let session = if matches!(event, Event::Reset { .. }) {
+            match self.get(id) {
+                Some(s) => s,
+                None => return Verdict::allow(),
+            }
+        } else {
+            self.get_or_start(id)
+        };
+        // The shard's lock is released: only this session waits while its event is observed.
+        lock(&session).observe(event)
     }
 
     /// Sets a session's own settings tier, replacing the one it had (the session starts if it
@@ -209,15 +252,7 @@ impl Engine {
     pub fn set_session_settings(&self, session: &str, settings: Settings) {
         let settings = self.sanitize(settings);
         let rules = self.rules_for(&settings);
-        let mut shard = self.shard(session);
-        match shard.get_mut(session) {
-            Some(s) => s.set_rules(rules, settings),
-            None => {
-                let mut s = Session::new(Arc::clone(&self.rules));
-                s.set_rules(rules, settings);
-                shard.insert(session.into(), s);
-            }
-        }
+        lock(&self.get_or_start(session)).set_rules(rules, settings);
     }
 
     /// A session's own settings tier (empty when it has none, or does not exist).
@@ -261,21 +296,13 @@ impl Engine {
     /// not exist. `worker` names the worker across hosts (two sessions with the same worker name
     /// count as one worker); joining another group leaves the first.
     pub fn join_group(&self, session: &str, group: &str, worker: &str) {
-        let mut shard = self.shard(session);
-        match shard.get_mut(session) {
-            Some(s) => s.join(group, worker, Arc::clone(&self.store)),
-            None => {
-                let mut s = Session::new(Arc::clone(&self.rules));
-                s.join(group, worker, Arc::clone(&self.store));
-                shard.insert(session.into(), s);
-            }
-        }
+        lock(&self.get_or_start(session)).join(group, worker, Arc::clone(&self.store));
     }
 
     /// Takes a session out of its group (its calls are no longer counted for the swarm).
     pub fn leave_group(&self, session: &str) {
-        if let Some(s) = self.shard(session).get_mut(session) {
-            s.leave();
+        if let Some(s) = self.get(session) {
+            lock(&s).leave();
         }
     }
 
@@ -283,11 +310,8 @@ impl Engine {
     /// counters of its workers on this engine.
     pub fn clear_group(&self, group: &str) {
         self.store.clear_group(group);
-        for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
-            for s in map.values_mut() {
-                s.group_cleared(group);
-            }
+        for (_, s) in self.sessions() {
+            lock(&s).group_cleared(group);
         }
     }
 
@@ -307,7 +331,7 @@ impl Engine {
     ) -> Result<(), SnapshotError> {
         let body: snapshot::SessionV1 = snapshot::body(snapshot::open(snapshot)?)?;
         let session = self.session_from(id, &body)?;
-        self.shard(id).insert(id.into(), session);
+        self.put(id, session);
         Ok(())
     }
 
@@ -332,11 +356,8 @@ impl Engine {
     /// snapshot (see [`crate::snapshot`]).
     pub fn snapshot(&self) -> serde_json::Value {
         let mut sessions = std::collections::BTreeMap::new();
-        for shard in self.shards.iter() {
-            let map = shard.lock().unwrap_or_else(|e| e.into_inner());
-            for (id, s) in map.iter() {
-                sessions.insert(id.to_string(), s.to_snapshot());
-            }
+        for (id, s) in self.sessions() {
+            sessions.insert(id.to_string(), lock(&s).to_snapshot());
         }
         let groups = self
             .memory
@@ -370,7 +391,7 @@ impl Engine {
         }
         let restored = sessions.len();
         for (id, s) in sessions {
-            self.shard(id).insert(id.into(), s);
+            self.put(id, s);
         }
         Ok(restored)
     }
@@ -400,7 +421,7 @@ impl Engine {
         for (id, s) in &body.sessions {
             match self.session_from(id, s) {
                 Ok(session) => {
-                    self.shard(id).insert(id.as_str().into(), session);
+                    self.put(id, session);
                     restored.push(id.clone());
                 }
                 Err(e) => skipped.push(e),
@@ -411,7 +432,7 @@ impl Engine {
 
     /// Runs `f` on a session's state, if the session exists.
     pub fn with_session<T>(&self, id: &str, f: impl FnOnce(&Session) -> T) -> Option<T> {
-        self.shard(id).get(id).map(f)
+        self.get(id).map(|s| f(&lock(&s)))
     }
 
     pub fn session_count(&self) -> usize {
@@ -440,20 +461,30 @@ impl Engine {
             .time
             .session_idle_seconds
             .saturating_mul(1000);
-        let mut evicted = 0;
+        let mut evicted = Vec::new();
         for shard in self.shards.iter() {
             let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
-            let before = map.len();
             map.retain(|id, s| {
-                let keep = now_ms.saturating_sub(s.last_event_ms()) < idle;
+                // A session busy with an event is not idle (and waiting for it would hold up
+                // the shard).
+                let keep = match s.try_lock() {
+                    Ok(s) => now_ms.saturating_sub(s.last_event_ms()) < idle,
+                    Err(std::sync::TryLockError::Poisoned(p)) => {
+                        now_ms.saturating_sub(p.into_inner().last_event_ms()) < idle
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => true,
+                };
                 if !keep {
-                    // Plugins keep their own per-session state: let them forget it too.
-                    let _ = self.rules.plugins.reset(id, now_ms);
+                    evicted.push(id.clone());
                 }
                 keep
             });
-            evicted += before - map.len();
         }
-        evicted
+        // Plugins keep their own per-session state: let them forget it too (outside the shards'
+        // locks, since a plugin may take its time).
+        for id in &evicted {
+            let _ = self.rules.plugins.reset(id, now_ms);
+        }
+        evicted.len()
     }
 }

@@ -584,6 +584,15 @@ mod enabled {
                 .with_help(format!(
                     "`loopctl plugins {resolved}` prints the schema of its configuration"
                 )),
+                HostError::Refused { .. } => Diagnostic::error(
+                    "plugin-refused",
+                    spec.path_span,
+                    self.error.to_string(),
+                )
+                .with_label(format!("`{resolved}`"))
+                .with_help(
+                    "loading a plugin runs its code: it must be a regular file that only its owner can write, in a directory only its owner can write",
+                ),
                 other => Diagnostic::error("plugin-not-loadable", spec.path_span, other.to_string())
                     .with_label(format!("`{resolved}`"))
                     .with_help(

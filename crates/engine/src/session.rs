@@ -26,6 +26,26 @@ const ID_POOL: usize = 6;
 const PINNED_IDS: usize = 4;
 /// Tools a session remembers as unknown.
 const MAX_UNKNOWN: usize = 16;
+/// The longest call id a session keeps (longer ids are not kept: verdicts name the call by its
+/// seq only).
+pub(crate) const MAX_ID_BYTES: usize = 4096;
+/// The longest text a session keeps in a waiting refusal (its message, detector and rule names;
+/// a longer message is cut at a character boundary) and in names (tools, groups, workers).
+pub(crate) const MAX_TEXT_BYTES: usize = 64 * 1024;
+/// The largest window any policy sets (`window.size` is 2 to 1,000; `max_repeats` is kept to
+/// 1,000 too).
+pub(crate) const MAX_WINDOW: usize = 1000;
+
+/// `text` cut to at most `max` bytes at a character boundary.
+pub(crate) fn clip_text(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
 /// Occasions of text turns live in the upper half of the u64 range, apart from call seqs.
 const TEXT_OCCASION: u64 = 1 << 63;
 
@@ -651,12 +671,16 @@ impl Session {
             ),
             ..verdict.clone()
         };
+        let mut verdict = Verdict {
+            notes: Vec::new(),
+            ..verdict
+        };
+        // A plugin's message can be any size: the waiting refusal keeps a bounded one.
+        clip_text(&mut verdict.message, MAX_TEXT_BYTES);
+        verdict.calls.truncate(MAX_WINDOW);
         self.armed = Some(Box::new(Armed {
             tool: rec.tool,
-            verdict: Verdict {
-                notes: Vec::new(),
-                ..verdict
-            },
+            verdict,
         }));
         warning
     }
@@ -1037,12 +1061,8 @@ impl CallIds {
 
     fn set(&mut self, seq: u32, id: &str) {
         let slot = seq as usize % ID_POOL;
-        // An id of 4 GiB or more is not kept.
-        let id = if u32::try_from(id.len()).is_ok() {
-            id
-        } else {
-            ""
-        };
+        // An id over `MAX_ID_BYTES` is not kept.
+        let id = if id.len() <= MAX_ID_BYTES { id } else { "" };
         let span = self.span(slot);
         let (old, new, total) = (span.len(), id.len(), self.buf.len());
         // Make room (growing exactly: in steady state ids keep their lengths and nothing is

@@ -13,7 +13,11 @@
 //! for it, or refused ([`SnapshotError::TooOld`]) when it is older than
 //! [`OLDEST_READABLE_VERSION`]. The rest is then read strictly (unknown fields are errors) and
 //! checked for consistency, so a corrupted snapshot is rejected with a message saying what is
-//! wrong, and nothing is half restored. 64-bit hashes are written as 16 hex digits (JSON numbers
+//! wrong, and nothing is half restored. Restored state is held to the bounds of live state: a
+//! window longer than any policy's (1,000 calls), more call ids than a session keeps, a call id
+//! over 4 KiB, a waiting refusal whose message or names exceed 64 KiB or that names more calls
+//! than a window holds, and names (tools, groups, workers) over 64 KiB are refused with the
+//! bound named; a window longer than this policy's keeps its newest calls. 64-bit hashes are written as 16 hex digits (JSON numbers
 //! above 2^53 do not survive every JSON reader).
 //!
 //! A session snapshot holds the session's settings tier, its group membership (group, worker and

@@ -1284,3 +1284,108 @@ fn test_runs_after_shell_patches_are_progress() {
         );
     }
 }
+
+/// Snapshots generated to be hostile: each over a bound of live sessions is refused whole,
+/// naming the bound, and nothing of it is kept.
+#[test]
+fn hostile_snapshots_are_refused_and_never_stored() {
+    let engine = Engine::new(default_config());
+    for i in 0..3u64 {
+        let args = json!({ "path": format!("notes/{i}.md") });
+        engine.observe(&Event::Call(Call {
+            session: "s",
+            call_id: &format!("c{i}"),
+            tool: "read",
+            arguments: Arguments::Json(&args),
+            time_ms: i * 1000,
+        }));
+    }
+    let good = engine.snapshot_session("s").unwrap();
+    let record = good["window"][0].clone();
+    let armed = |message: Value, calls: Value| {
+        json!({
+            "tool": "read",
+            "verdict": {
+                "action": "block", "message": message, "detector": "exact_repeat",
+                "rule": null, "count": 3, "calls": calls, "loop_start": null
+            }
+        })
+    };
+    type Edit<'a> = Box<dyn Fn(&mut Value) + 'a>;
+    let hostile: Vec<(&str, Edit<'_>, &str)> = vec![
+        (
+            "a 50 MB message",
+            Box::new(|s: &mut Value| {
+                s["armed"] = armed(Value::String("x".repeat(50 << 20)), json!([]));
+            }),
+            "at most 65536",
+        ),
+        (
+            "a million call references",
+            Box::new(|s: &mut Value| {
+                let calls = vec![json!({ "seq": 1, "call_id": "c0" }); 1_000_000];
+                s["armed"] = armed(json!("Refused."), Value::Array(calls));
+            }),
+            "at most 1000",
+        ),
+        (
+            "an oversized window",
+            Box::new(move |s: &mut Value| {
+                s["window"] = Value::Array(vec![record.clone(); 100_000]);
+                s["seq"] = json!(200_000);
+            }),
+            "no policy keeps more than 1000",
+        ),
+        (
+            "a 1 MB call id",
+            Box::new(|s: &mut Value| {
+                s["call_ids"][0]["id"] = Value::String("i".repeat(1 << 20));
+            }),
+            "at most 4096",
+        ),
+        (
+            "a 1 MB group name",
+            Box::new(|s: &mut Value| {
+                s["group"] = json!({
+                    "group": "g".repeat(1 << 20), "worker": "w", "loops": [], "workers": 1
+                });
+            }),
+            "at most 65536",
+        ),
+    ];
+    for (what, make, bound) in hostile {
+        let mut snap = good.clone();
+        make(&mut snap);
+        let target = Engine::new(default_config());
+        let err = target.restore_session("h", &snap).unwrap_err().to_string();
+        assert!(err.contains(bound), "{what}: {err}");
+        assert!(target.snapshot_session("h").is_none(), "{what}: stored");
+        // The whole-engine snapshot is refused the same way.
+        let mut body = snap;
+        if let Value::Object(fields) = &mut body {
+            fields.remove("version");
+        }
+        let whole = json!({ "version": 1, "sessions": { "h": body }, "groups": null });
+        let err = target.restore(&whole).unwrap_err().to_string();
+        assert!(err.contains(bound), "{what}: {err}");
+        assert_eq!(target.session_count(), 0, "{what}");
+    }
+
+    // Within the bounds, a window longer than this policy's keeps its newest calls, as a live
+    // session does when its window shrinks.
+    let mut longer = good.clone();
+    let window = good["window"].as_array().unwrap().clone();
+    let mut records = Vec::new();
+    for _ in 0..200 {
+        records.extend(window.iter().cloned());
+    }
+    longer["window"] = Value::Array(records);
+    longer["seq"] = json!(10_000);
+    let target = Engine::new(default_config());
+    target.restore_session("h", &longer).unwrap();
+    let kept = target.snapshot_session("h").unwrap()["window"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(kept, default_config().window_size);
+}

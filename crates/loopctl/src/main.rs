@@ -45,9 +45,11 @@ pub enum ErrorFormat {
 enum Command {
     /// Check policy files (or every .yaml/.yml file in directories) and report every problem.
     ///
-    /// The plugins a valid policy names are loaded too: a missing library, one built for another
-    /// plugin ABI, or a `config` its schema refuses is an error. Exit status: 0 when valid, 1 when
-    /// invalid, 2 when a file could not be read.
+    /// By default the plugins a valid policy names are loaded too: a missing library, one built
+    /// for another plugin ABI, or a `config` its schema refuses is an error. Loading a plugin runs
+    /// its code (the library's initializers and the plugin's `create`): use --no-plugins to
+    /// validate an untrusted policy. Exit status: 0 when valid, 1 when invalid, 2 when a file
+    /// could not be read.
     Validate {
         /// Policy files or directories.
         #[arg(required = true)]
@@ -63,6 +65,10 @@ enum Command {
         /// from. Repeatable.
         #[arg(long = "tool", value_name = "NAME")]
         tools: Vec<String>,
+        /// Do not load the plugins the policy names (loading a plugin runs its code): their
+        /// paths, ABI and `config` are then not checked. Use it to validate an untrusted policy.
+        #[arg(long)]
+        no_plugins: bool,
     },
     /// Print the JSON Schema of the policy format (for editors such as yaml-language-server).
     Schema {
@@ -196,7 +202,14 @@ fn main() -> ExitCode {
             error_format,
             deny_warnings,
             tools,
-        } => validate::run(&paths, error_format, deny_warnings, &tools),
+            no_plugins,
+        } => validate::run(
+            &paths,
+            error_format,
+            deny_warnings,
+            &tools,
+            validate::Plugins::from_flag(no_plugins),
+        ),
         Command::Simulate {
             transcripts,
             rules,

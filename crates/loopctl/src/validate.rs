@@ -44,7 +44,32 @@ fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>, missing: &mut Vec<(PathBuf, 
     }
 }
 
-pub fn run(paths: &[PathBuf], format: ErrorFormat, deny_warnings: bool, tools: &[String]) -> u8 {
+/// Whether `validate` loads the plugins a valid policy names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plugins {
+    /// Load them (running their code) and report those that fail.
+    Load,
+    /// Leave them alone (`--no-plugins`): an untrusted policy runs no code.
+    Skip,
+}
+
+impl Plugins {
+    pub fn from_flag(no_plugins: bool) -> Plugins {
+        if no_plugins {
+            Plugins::Skip
+        } else {
+            Plugins::Load
+        }
+    }
+}
+
+pub fn run(
+    paths: &[PathBuf],
+    format: ErrorFormat,
+    deny_warnings: bool,
+    tools: &[String],
+    plugins: Plugins,
+) -> u8 {
     let mut unreadable = Vec::new();
     let files = expand(paths, &mut unreadable);
     let (mut errors, mut warnings) = (0usize, 0usize);
@@ -61,9 +86,10 @@ pub fn run(paths: &[PathBuf], format: ErrorFormat, deny_warnings: bool, tools: &
             }
         };
         checked += 1;
-        // A valid policy's plugins must load too: the file exists, speaks this ABI, and
-        // accepts its `config`.
+        // A valid policy's plugins must load too (unless told not to load them): the file
+        // exists, speaks this ABI, and accepts its `config`.
         let plugin_diags: Vec<Diagnostic> = match &loaded.policy {
+            Some(_) if plugins == Plugins::Skip => Vec::new(),
             Some(policy) => match loopguard_engine::load_plugins(policy) {
                 Ok(_) => Vec::new(),
                 Err(errors) => errors.iter().map(PluginLoadError::diagnostic).collect(),

@@ -8,6 +8,12 @@ pub enum HostError {
     #[error("plugin `{}` not found", path.display())]
     NotFound { path: PathBuf },
 
+    /// The file is not one this host loads: not a regular file (a directory, a FIFO, a device,
+    /// a socket), group- or world-writable, or in a group- or world-writable directory. Checked
+    /// before the file is opened.
+    #[error("plugin `{}` refused: {reason}", path.display())]
+    Refused { path: PathBuf, reason: String },
+
     /// The file exists but the dynamic loader refused it (not a shared library, wrong
     /// architecture, missing dependency).
     #[error("plugin `{}` is not a loadable library: {source}", path.display())]

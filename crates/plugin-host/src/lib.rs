@@ -16,6 +16,12 @@
 //!    leaked rather than destroyed.
 //! 5. **Serialized unless declared thread-safe**: calls into a plugin without the `THREAD_SAFE`
 //!    flag go through a mutex, so [`Plugin`] is `Send + Sync` either way.
+//! 0. **Only safe files are opened.** Before the loader sees it, the path (a symlink is
+//!    resolved and its target checked) must name a regular file that is neither group- nor
+//!    world-writable, in a directory that is neither group- nor world-writable (sticky or not):
+//!    loading a library runs its code, so nobody but its owner may be able to change it or swap
+//!    it. Anything else — a FIFO, a device, a directory — is refused without being opened
+//!    ([`HostError::Refused`], naming the path and the reason).
 //! 6. **Never unloaded.** Libraries stay mapped for the life of the process (unloading a library
 //!    that registered thread-locals or destructors crashes later, far from the cause), even when
 //!    loading fails after the library was opened.
@@ -97,9 +103,7 @@ impl PluginHost {
 
     /// Opens the library, checks its ABI version, then reads and checks its descriptor.
     fn open(path: &Path) -> Result<(PathBuf, PluginDescriptor), HostError> {
-        let path = std::fs::canonicalize(path).map_err(|_| HostError::NotFound {
-            path: path.to_path_buf(),
-        })?;
+        let path = checked_file(path)?;
         // SAFETY: loading a library runs its initializers. That is the trust the policy grants by
         // naming this path: plugins are loaded only from paths a policy names.
         let library = unsafe { libloading::Library::new(&path) }.map_err(|source| {
@@ -144,6 +148,116 @@ impl PluginHost {
         let ptr = unsafe { descriptor_fn() };
         let desc = read_descriptor(&path, ptr)?;
         Ok((path, desc))
+    }
+}
+
+/// The canonical path of `path` once it is known to be a file this host may load: a regular
+/// file, not group- or world-writable, in a directory that is not group- or world-writable.
+/// Only metadata is read: a FIFO is never opened (opening one would block).
+pub fn checked_file(path: &Path) -> Result<PathBuf, HostError> {
+    let refused = |path: &Path, reason: String| HostError::Refused {
+        path: path.to_path_buf(),
+        reason,
+    };
+    // `symlink_metadata` first: a missing file and a dangling symlink are both "not found".
+    let link = std::fs::symlink_metadata(path)
+        .map_err(|_| HostError::NotFound {
+            path: path.to_path_buf(),
+        })?
+        .file_type()
+        .is_symlink();
+    let resolved = std::fs::canonicalize(path).map_err(|_| HostError::NotFound {
+        path: path.to_path_buf(),
+    })?;
+    let meta = std::fs::metadata(&resolved).map_err(|_| HostError::NotFound {
+        path: path.to_path_buf(),
+    })?;
+    // A symlink's target is named in the reason, since that is the file at fault.
+    let shown = |p: &Path| {
+        if link {
+            format!(" `{}`", p.display())
+        } else {
+            String::new()
+        }
+    };
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        return Err(refused(
+            path,
+            format!(
+                "it{} is a {}, not a regular file; it was not opened",
+                if link { " links to a file that" } else { "" },
+                file_kind(&kind)
+            ),
+        ));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode();
+        if mode & 0o022 != 0 {
+            return Err(refused(
+                path,
+                format!(
+                    "the library{} is {}-writable (mode {:03o}); only its owner may be able to change a plugin: `chmod go-w` it",
+                    shown(&resolved),
+                    writable_by(mode),
+                    mode & 0o777
+                ),
+            ));
+        }
+        if let Some(dir) = resolved.parent() {
+            let dmode = std::fs::metadata(dir)
+                .map_err(|_| HostError::NotFound {
+                    path: path.to_path_buf(),
+                })?
+                .permissions()
+                .mode();
+            if dmode & 0o022 != 0 {
+                return Err(refused(
+                    path,
+                    format!(
+                        "its directory `{}` is {}-writable (mode {:03o}), so others could replace the library: move it to a directory only its owner can write",
+                        dir.display(),
+                        writable_by(dmode),
+                        dmode & 0o7777
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(resolved)
+}
+
+/// Who besides the owner may write, per a Unix mode.
+#[cfg(unix)]
+fn writable_by(mode: u32) -> &'static str {
+    match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (true, true) => "group- and world",
+        (false, true) => "world",
+        _ => "group",
+    }
+}
+
+/// What a file that is not a regular file is, in words.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "FIFO (named pipe)";
+        }
+        if kind.is_char_device() || kind.is_block_device() {
+            return "device";
+        }
+        if kind.is_socket() {
+            return "socket";
+        }
+    }
+    if kind.is_dir() {
+        "directory"
+    } else {
+        "special file"
     }
 }
 
@@ -687,13 +801,48 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_is_not_a_library() {
+    fn a_directory_is_refused_before_it_is_opened() {
         let err = PluginHost::load(
             Path::new(env!("CARGO_MANIFEST_DIR")),
             &serde_json::Value::Null,
         )
         .unwrap_err();
-        assert!(matches!(err, HostError::NotALibrary { .. }), "{err:?}");
+        assert!(matches!(err, HostError::Refused { .. }), "{err:?}");
+        assert!(err.to_string().contains("is a directory"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_is_refused_without_being_opened() {
+        let dir = std::env::temp_dir().join(format!("loopguard-host-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("libplugin.so");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success();
+        assert!(made);
+        // Opening a FIFO with no writer blocks: a refusal that returns proves it was not opened.
+        let err = PluginHost::describe(&fifo).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(matches!(err, HostError::Refused { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("FIFO") && msg.contains("libplugin.so"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn writable_by_names_who_may_write() {
+        #[cfg(unix)]
+        {
+            assert_eq!(writable_by(0o666), "group- and world");
+            assert_eq!(writable_by(0o646), "world");
+            assert_eq!(writable_by(0o664), "group");
+        }
     }
 
     #[test]

@@ -83,6 +83,11 @@
 //! serialized; [`Detector::THREAD_SAFE`] only chooses who holds the lock. Left `false` (the
 //! default), the host serializes; set to `true`, the host calls without locking and this crate
 //! serializes with a mutex inside the plugin.
+//!
+//! Either way one instance serves every session one event at a time, so one slow event holds up
+//! every session. A detector whose state is per session sets [`Detector::SESSION_SHARDS`]: this
+//! crate then runs that many instances, each behind its own lock, and sends each event to the
+//! instance of its session, so sessions of other shards go on meanwhile.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -112,6 +117,22 @@ pub trait Detector: Sized + Send + 'static {
     /// Whether the host may call without serializing (see the crate docs on threads).
     const THREAD_SAFE: bool = false;
 
+    /// How many independent instances serve the sessions (at least 1). With more than one, the
+    /// SDK builds that many (with [`Detector::new_shard`]), each behind its own lock, sends each
+    /// event to the instance of its session (a stable hash of the session id,
+    /// [`session_shard`]) and tells the host it may call concurrently: one session's slow event
+    /// then holds up only the sessions of its shard, never all of them. For detectors whose
+    /// state is per session (a [`Sessions`] map); the default, 1, is one instance for all.
+    const SESSION_SHARDS: usize = 1;
+
+    /// Builds the instance of one of `shards` shards (see [`Detector::SESSION_SHARDS`]); by
+    /// default [`Detector::new`]. Override it to divide per-instance bounds (such as a number
+    /// of sessions remembered) among the shards.
+    fn new_shard(config: serde_json::Value, shards: usize) -> Result<Self, String> {
+        let _ = shards;
+        Self::new(config)
+    }
+
     /// Whether the detector reads [`Event::arguments`]; when false the host may leave them empty
     /// and save writing them out on every call.
     const READS_ARGUMENTS: bool = true;
@@ -122,6 +143,15 @@ pub trait Detector: Sized + Send + 'static {
     /// Blocks until background work has finished or `timeout_ms` passed (only called when
     /// [`Detector::BACKGROUND`] is true). Results should then apply at the next event.
     fn wait_idle(&mut self, _timeout_ms: u64) {}
+}
+
+/// The shard (of `shards`) whose instance serves `session` when a detector sets
+/// [`Detector::SESSION_SHARDS`]: a stable FNV-1a hash of the id.
+pub fn session_shard(session: &str, shards: usize) -> usize {
+    let h = session.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h % shards.max(1) as u64) as usize
 }
 
 /// What kind of event an [`Event`] is.
@@ -296,7 +326,7 @@ pub mod __glue {
         PluginDescriptor {
             struct_size: std::mem::size_of::<PluginDescriptor>(),
             abi_version: abi::LOOPGUARD_ABI_VERSION,
-            flags: if D::THREAD_SAFE {
+            flags: if D::THREAD_SAFE || D::SESSION_SHARDS > 1 {
                 abi::flags::THREAD_SAFE
             } else {
                 0
@@ -320,11 +350,22 @@ pub mod __glue {
         }
     }
 
-    /// What `create` hands out as the opaque instance pointer.
+    /// What `create` hands out as the opaque instance pointer: one detector per session shard
+    /// ([`Detector::SESSION_SHARDS`]), each behind its own lock. The host serializes calls only
+    /// when the descriptor does not say THREAD_SAFE (one shard, `D::THREAD_SAFE` false); then
+    /// the lock is never contended.
     struct Instance<D> {
-        detector: std::cell::UnsafeCell<D>,
-        /// `Some` for thread-safe detectors: the host does not serialize, so we do.
-        lock: Option<Mutex<()>>,
+        shards: Box<[Mutex<D>]>,
+    }
+
+    impl<D: Detector> Instance<D> {
+        /// The detector serving `session`, locked.
+        fn shard(&self, session: &str) -> Option<std::sync::MutexGuard<'_, D>> {
+            let i = crate::session_shard(session, self.shards.len());
+            self.shards
+                .get(i)
+                .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
+        }
     }
 
     /// The status for a caught panic. The payload is leaked, not dropped: its destructor could
@@ -423,11 +464,14 @@ pub mod __glue {
                     }
                 }
             };
-            match D::new(config) {
-                Ok(detector) => {
+            let count = D::SESSION_SHARDS.max(1);
+            let built: Result<Vec<Mutex<D>>, String> = (0..count)
+                .map(|_| D::new_shard(config.clone(), count).map(Mutex::new))
+                .collect();
+            match built {
+                Ok(shards) => {
                     let instance = Box::new(Instance {
-                        detector: std::cell::UnsafeCell::new(detector),
-                        lock: D::THREAD_SAFE.then(|| Mutex::new(())),
+                        shards: shards.into_boxed_slice(),
                     });
                     // SAFETY: `out_instance` is non-null (checked above) and writable per the ABI.
                     unsafe { *out_instance = Box::into_raw(instance).cast::<c_void>() };
@@ -466,13 +510,9 @@ pub mod __glue {
             // SAFETY: `instance` was produced by `create::<D>` (a `Box<Instance<D>>`) and not yet
             // destroyed; the host only hands us its own instances.
             let instance = unsafe { &*instance.cast::<Instance<D>>() };
-            let _guard = instance
-                .lock
-                .as_ref()
-                .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner));
-            // SAFETY: exclusive access: either we hold `_guard` (thread-safe detectors), or the
-            // host serializes calls on this instance (the ABI's contract without THREAD_SAFE).
-            let detector = unsafe { &mut *instance.detector.get() };
+            let Some(mut detector) = instance.shard(ev.session) else {
+                return status::ERROR;
+            };
             match detector.on_event(&ev) {
                 None => status::NO_DETECTION,
                 Some(d) => {
@@ -503,13 +543,12 @@ pub mod __glue {
             }
             // SAFETY: `instance` was produced by `create::<D>` and not yet destroyed.
             let instance = unsafe { &*instance.cast::<Instance<D>>() };
-            let _guard = instance
-                .lock
-                .as_ref()
-                .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner));
-            // SAFETY: exclusive access, as in `on_event`.
-            let detector = unsafe { &mut *instance.detector.get() };
-            detector.wait_idle(timeout_ms);
+            for shard in &instance.shards {
+                shard
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .wait_idle(timeout_ms);
+            }
             status::OK
         });
         catch_unwind(body).unwrap_or_else(panicked)

@@ -610,6 +610,17 @@ impl Detector for Results {
         Ok(Results::with_config(Config::from_json(&config)?))
     }
 
+    // Its state is per session: sessions are spread over instances with their own locks, so
+    // one session's event never waits for another shard's.
+    const SESSION_SHARDS: usize = 16;
+
+    /// Each shard remembers its share of `max_sessions`.
+    fn new_shard(config: Value, shards: usize) -> Result<Self, String> {
+        let mut c = Config::from_json(&config)?;
+        c.max_sessions = c.max_sessions.div_ceil(shards.max(1));
+        Ok(Results::with_config(c))
+    }
+
     fn on_event(&mut self, ev: &Event<'_>) -> Option<Detection> {
         match ev.kind {
             EventKind::Result => self.on_result(ev),

@@ -26,13 +26,18 @@
 //!
 //! Arguments are reduced once, when the call arrives, to a bounded sketch: strings keep their
 //! first `max_chars` characters, containers their first 32 entries, nesting stops at depth 8, and
-//! a call keeps at most `4 × max_chars` characters in all. Comparing two sketches therefore costs
-//! at most `max_chars × 4·max_chars` character steps (each string pair is O(la·lb), each string
-//! pairs with at most one other), and one event at most `(window − 1) × 4 × max_chars²`: with
-//! the defaults (window 10, max_chars 256) about 2.4 million steps in the worst case, and far
-//! fewer for typical ~200-byte arguments (the length prefilter and exact-match shortcut skip most
-//! pairs). Memory is `window` sketches per session (≤ `4 × max_chars` characters each), for at
-//! most `max_sessions` sessions (the least recently seen is forgotten first).
+//! a call keeps at most `4 × max_chars` characters in all; arguments over 256 KiB are not parsed
+//! as JSON but sketched as text from their start. Comparing two strings of `la` and `lb`
+//! characters is charged `2 × la × lb` steps (Levenshtein and Jaro-Winkler), and each event has a
+//! budget of [`MAX_STEPS_PER_EVENT`] (2²⁴ = 16,777,216) steps: once it is spent, the remaining
+//! comparisons of the event count as dissimilar. Without the budget the worst case would be
+//! `(window − 1) × 8 × max_chars²` steps; the schema caps `window` at 100 and `max_chars` at
+//! 1,024, and with the defaults (window 10, max_chars 256) the worst case, about 4.7 million
+//! steps, is within the budget, so defaults are never cut short. Typical ~200-byte arguments cost
+//! far less (the length prefilter and exact-match shortcut skip most pairs). Memory is `window`
+//! sketches per session (≤ `4 × max_chars` characters each), for at most `max_sessions` sessions
+//! (capped at 65,536; the least recently seen is forgotten first, by a scan of the sessions of
+//! its shard).
 //!
 //! # Configuration
 //!
@@ -52,6 +57,45 @@ use serde_json::Value;
 
 const MAX_ENTRIES: usize = 32;
 const MAX_DEPTH: usize = 8;
+
+/// The steps one event may spend comparing strings (see the crate docs).
+pub const MAX_STEPS_PER_EVENT: u64 = 1 << 24;
+/// The largest accepted `window`.
+pub const MAX_WINDOW: usize = 100;
+/// The largest accepted `max_chars`.
+pub const MAX_CHARS: usize = 1024;
+/// The largest accepted `max_sessions`.
+pub const MAX_SESSIONS: usize = 65_536;
+/// Arguments longer than this are sketched as text, not parsed as JSON.
+const MAX_PARSED_BYTES: usize = 256 * 1024;
+
+/// The string-comparison steps an event may still spend.
+#[derive(Debug)]
+struct Steps {
+    left: u64,
+    /// Steps charged so far (what the tests read).
+    used: u64,
+}
+
+impl Steps {
+    fn new() -> Steps {
+        Steps {
+            left: MAX_STEPS_PER_EVENT,
+            used: 0,
+        }
+    }
+
+    /// Charges `cost` steps; false (and nothing charged) when the budget cannot pay them.
+    fn charge(&mut self, cost: u64) -> bool {
+        if cost > self.left {
+            self.left = 0;
+            return false;
+        }
+        self.left -= cost;
+        self.used += cost;
+        true
+    }
+}
 
 /// The plugin's configuration (see the crate docs).
 #[derive(Clone, Debug, PartialEq)]
@@ -123,6 +167,17 @@ impl Config {
         }
         if c.max_chars == 0 || c.max_sessions == 0 {
             return Err("`max_chars` and `max_sessions` must be at least 1".to_string());
+        }
+        for (key, value, max) in [
+            ("window", c.window, MAX_WINDOW),
+            ("max_chars", c.max_chars, MAX_CHARS),
+            ("max_sessions", c.max_sessions, MAX_SESSIONS),
+        ] {
+            if value > max {
+                return Err(format!(
+                    "`{key}` must be at most {max} (it bounds the work of one event), got {value}"
+                ));
+            }
         }
         Ok(c)
     }
@@ -210,13 +265,16 @@ fn sketch_arguments(arguments: &str, max_chars: usize) -> Sketch {
         max_chars,
         chars_left: max_chars.saturating_mul(4),
     };
+    if arguments.len() > MAX_PARSED_BYTES {
+        return budget.text(arguments);
+    }
     match serde_json::from_str::<Value>(arguments) {
         Ok(v) => budget.sketch(&v, 0),
         Err(_) => budget.text(arguments),
     }
 }
 
-fn string_similarity(a: &str, la: usize, b: &str, lb: usize) -> f64 {
+fn string_similarity(a: &str, la: usize, b: &str, lb: usize, steps: &mut Steps) -> f64 {
     if a == b {
         return 1.0;
     }
@@ -224,24 +282,29 @@ fn string_similarity(a: &str, la: usize, b: &str, lb: usize) -> f64 {
     if short * 2 < long {
         return 0.0;
     }
+    // Levenshtein and Jaro-Winkler each cost up to `la × lb` character steps.
+    let cost = 2u64.saturating_mul(la as u64).saturating_mul(lb as u64);
+    if !steps.charge(cost) {
+        return 0.0;
+    }
     strsim::normalized_levenshtein(a, b).max(strsim::jaro_winkler(a, b))
 }
 
 /// Similarity in [0, 1] of two sketches (see the crate docs).
-fn similarity(a: &Sketch, b: &Sketch) -> f64 {
+fn similarity(a: &Sketch, b: &Sketch, steps: &mut Steps) -> f64 {
     match (a, b) {
         (Sketch::Null, Sketch::Null) => 1.0,
         (Sketch::Bool(x), Sketch::Bool(y)) => f64::from(u8::from(x == y)),
         (Sketch::Num(x), Sketch::Num(y)) => f64::from(u8::from(x == y)),
         (Sketch::Str { text: x, chars: lx }, Sketch::Str { text: y, chars: ly }) => {
-            string_similarity(x, *lx, y, *ly)
+            string_similarity(x, *lx, y, *ly, steps)
         }
         (Sketch::Arr(x), Sketch::Arr(y)) => {
             let n = x.len().max(y.len());
             if n == 0 {
                 return 1.0;
             }
-            let sum: f64 = x.iter().zip(y).map(|(p, q)| similarity(p, q)).sum();
+            let sum: f64 = x.iter().zip(y).map(|(p, q)| similarity(p, q, steps)).sum();
             sum / n as f64
         }
         (Sketch::Obj(x), Sketch::Obj(y)) => {
@@ -250,7 +313,7 @@ fn similarity(a: &Sketch, b: &Sketch) -> f64 {
                 union += 1;
                 match (x.get(i), y.get(j)) {
                     (Some((kx, vx)), Some((ky, vy))) if kx == ky => {
-                        sum += similarity(vx, vy);
+                        sum += similarity(vx, vy, steps);
                         i += 1;
                         j += 1;
                     }
@@ -325,6 +388,8 @@ struct Session {
 pub struct Similarity {
     config: Config,
     sessions: Sessions<Session>,
+    /// String-comparison steps the latest call spent (bounded by [`MAX_STEPS_PER_EVENT`]).
+    last_steps: u64,
 }
 
 impl Similarity {
@@ -333,6 +398,7 @@ impl Similarity {
         Similarity {
             sessions: Sessions::new(config.max_sessions),
             config,
+            last_steps: 0,
         }
     }
 
@@ -348,11 +414,12 @@ impl Similarity {
         let session = self.sessions.get(ev.session);
 
         let mut best: Option<(f64, u64)> = None;
+        let mut steps = Steps::new();
         for e in session.entries.iter().filter(|e| e.tool == tool) {
             let s = if e.exact == exact {
                 1.0
             } else {
-                similarity(&e.args, &args)
+                similarity(&e.args, &args, &mut steps)
             };
             if s >= config.threshold && best.is_none_or(|(b, _)| s > b) {
                 best = Some((s, e.group));
@@ -363,6 +430,7 @@ impl Similarity {
             |b| b.1,
         );
 
+        self.last_steps = steps.used;
         if session.entries.len() >= config.window {
             session.entries.pop_front();
         }
@@ -436,6 +504,7 @@ impl Detector for Similarity {
         serde_json::json!({
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": "loopguard similarity plugin",
+            "description": "One event costs at most 2^24 (16,777,216) character steps of string comparison, plus time linear in its arguments (at most 256 KiB are parsed as JSON); memory is at most max_sessions × window sketches of at most 4 × max_chars characters.",
             "type": ["object", "null"],
             "additionalProperties": false,
             "properties": {
@@ -448,16 +517,16 @@ impl Detector for Similarity {
                     "description": "similar calls, this one included, that make a loop"
                 },
                 "window": {
-                    "type": "integer", "minimum": 2, "maximum": 1000, "default": 10,
-                    "description": "recent calls of the session that are compared"
+                    "type": "integer", "minimum": 2, "maximum": MAX_WINDOW, "default": 10,
+                    "description": "recent calls of the session that are compared (at most 100: one event compares at most window − 1 calls, within a budget of 2^24 character steps)"
                 },
                 "max_chars": {
-                    "type": "integer", "minimum": 1, "maximum": 4096, "default": 256,
-                    "description": "characters kept per string argument"
+                    "type": "integer", "minimum": 1, "maximum": MAX_CHARS, "default": 256,
+                    "description": "characters kept per string argument (at most 1024; a call keeps at most 4 × max_chars characters; one event spends at most 2^24 character steps comparing them)"
                 },
                 "max_sessions": {
-                    "type": "integer", "minimum": 1, "default": 1024,
-                    "description": "sessions remembered at once"
+                    "type": "integer", "minimum": 1, "maximum": MAX_SESSIONS, "default": 1024,
+                    "description": "sessions remembered at once (at most 65536)"
                 },
                 "failures_only": {
                     "type": "boolean", "default": true,
@@ -469,6 +538,17 @@ impl Detector for Similarity {
 
     fn new(config: Value) -> Result<Self, String> {
         Ok(Similarity::with_config(Config::from_json(&config)?))
+    }
+
+    // Its state is per session: sessions are spread over instances with their own locks, so
+    // one session's event never waits for another shard's.
+    const SESSION_SHARDS: usize = 16;
+
+    /// Each shard remembers its share of `max_sessions`.
+    fn new_shard(config: Value, shards: usize) -> Result<Self, String> {
+        let mut c = Config::from_json(&config)?;
+        c.max_sessions = c.max_sessions.div_ceil(shards.max(1));
+        Ok(Similarity::with_config(c))
     }
 
     fn on_event(&mut self, ev: &Event<'_>) -> Option<Detection> {
@@ -687,18 +767,18 @@ mod tests {
     fn object_similarity_is_the_share_of_similar_fields() {
         let a = sketch_arguments(r#"{"q":"foo","page":1}"#, 256);
         let b = sketch_arguments(r#"{"q":"foo","page":2}"#, 256);
-        assert!((similarity(&a, &b) - 0.5).abs() < 1e-9);
+        assert!((similarity(&a, &b, &mut Steps::new()) - 0.5).abs() < 1e-9);
         let c = sketch_arguments(r#"{"q":"foo","extra":true}"#, 256);
         let d = sketch_arguments(r#"{"q":"foo"}"#, 256);
-        assert!((similarity(&c, &d) - 0.5).abs() < 1e-9);
-        assert_eq!(similarity(&a, &a), 1.0);
+        assert!((similarity(&c, &d, &mut Steps::new()) - 0.5).abs() < 1e-9);
+        assert_eq!(similarity(&a, &a, &mut Steps::new()), 1.0);
     }
 
     #[test]
     fn raw_text_arguments_are_compared_as_text() {
         let a = sketch_arguments("ls -la /tmp", 256);
         let b = sketch_arguments("ls -la /tmp ", 256);
-        assert_eq!(similarity(&a, &b), 1.0);
+        assert_eq!(similarity(&a, &b, &mut Steps::new()), 1.0);
     }
 
     #[test]
@@ -707,5 +787,89 @@ mod tests {
         assert!(Similarity::new(serde_json::json!({"threshold": 0})).is_err());
         let c = Config::from_json(&serde_json::json!({"threshold": 0.9, "window": 20})).unwrap();
         assert_eq!((c.threshold, c.window, c.min_count), (0.9, 20, 3));
+    }
+
+    /// Unlike text of `n` characters (a fixed-seed generator): no pair is equal, so every pair
+    /// of strings is compared in full.
+    fn unlike_text(seed: u64, n: usize) -> String {
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                char::from(b'a' + (state % 26) as u8)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_largest_accepted_settings_spend_at_most_the_step_budget_per_event() {
+        let max = serde_json::json!({
+            "window": MAX_WINDOW, "max_chars": MAX_CHARS, "max_sessions": MAX_SESSIONS,
+            "min_count": 2, "threshold": 0.01, "failures_only": false
+        });
+        let mut d = Similarity::new(max).unwrap();
+        // Every call: four strings of `max_chars` unlike characters, so each pair is compared.
+        let args = |i: u64| {
+            serde_json::json!({
+                "a": unlike_text(i * 4, MAX_CHARS),
+                "b": unlike_text(i * 4 + 1, MAX_CHARS),
+                "c": unlike_text(i * 4 + 2, MAX_CHARS),
+                "d": unlike_text(i * 4 + 3, MAX_CHARS),
+            })
+            .to_string()
+        };
+        // The window fills with calls sharing one exact fingerprint (they match each other
+        // without comparing), then one call with another fingerprint compares them all.
+        for i in 0..MAX_WINDOW as u64 {
+            d.on_event(&call("t", &args(i), 7));
+        }
+        d.on_event(&call("t", &args(1000), 8));
+        let most = d.last_steps;
+        assert!(most <= MAX_STEPS_PER_EVENT, "{most}");
+        // Unbounded, the last call would cost (window − 1) × 4 pairs × 2 × max_chars² steps.
+        let unbounded = (MAX_WINDOW as u64 - 1) * 4 * 2 * (MAX_CHARS as u64).pow(2);
+        assert!(unbounded > MAX_STEPS_PER_EVENT);
+        assert!(
+            most + 2 * (MAX_CHARS as u64).pow(2) > MAX_STEPS_PER_EVENT,
+            "the budget was reached, not skipped: {most}"
+        );
+    }
+
+    #[test]
+    fn the_defaults_fit_the_budget_in_the_worst_case() {
+        let c = Config::default();
+        let worst = (c.window as u64 - 1) * 8 * (c.max_chars as u64).pow(2);
+        assert!(worst <= MAX_STEPS_PER_EVENT, "{worst}");
+    }
+
+    #[test]
+    fn settings_over_the_caps_are_refused_and_the_schema_states_them() {
+        for (key, max) in [
+            ("window", MAX_WINDOW),
+            ("max_chars", MAX_CHARS),
+            ("max_sessions", MAX_SESSIONS),
+        ] {
+            let err = Similarity::new(serde_json::json!({ key: max + 1 })).unwrap_err();
+            assert!(err.contains(key) && err.contains(&max.to_string()), "{err}");
+            let schema = Similarity::config_schema();
+            assert_eq!(schema["properties"][key]["maximum"], max, "{key}");
+        }
+        assert!(
+            Similarity::config_schema()["description"]
+                .as_str()
+                .unwrap()
+                .contains("2^24")
+        );
+    }
+
+    #[test]
+    fn huge_arguments_are_sketched_as_text_without_parsing() {
+        let huge = format!(r#"{{"a":"{}"}}"#, "x".repeat(MAX_PARSED_BYTES));
+        let Sketch::Str { chars, .. } = sketch_arguments(&huge, 256) else {
+            panic!("sketched as text")
+        };
+        assert_eq!(chars, 256);
     }
 }

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use loopguard_rules::{Action, Settings};
 use loopguard_store::{GroupStore, WorkerId};
 
-use super::{Armed, CallIds, ID_POOL, MAX_UNKNOWN, Member, PINNED_IDS, Session, UserTurn};
+use super::{
+    Armed, CallIds, ID_POOL, MAX_ID_BYTES, MAX_TEXT_BYTES, MAX_UNKNOWN, MAX_WINDOW, Member,
+    PINNED_IDS, Session, UserTurn,
+};
 use crate::compiled::CompiledRules;
 use crate::detect::Record;
 use crate::detect::text::{TURNS, TextState};
@@ -282,9 +285,75 @@ impl Session {
     }
 }
 
-/// What serde cannot check: sizes within the engine's bounds, and numbers that agree.
+/// What serde cannot check: sizes within the bounds of live sessions, and numbers that agree.
+///
+/// A snapshot over a bound is refused, whole, with the bound named: a window longer than any
+/// policy's (1,000 calls), more call ids than a session keeps, a call id over 4 KiB, a refusal
+/// message, detector or rule name over 64 KiB, more call references in it than a window holds,
+/// a tool, group or worker name over 64 KiB. A window longer than this policy's but within
+/// 1,000 keeps its newest calls, as a live session does when its window shrinks.
 fn check(snap: &SessionV1) -> Result<(), String> {
     let calls = snap.window.len();
+    if calls > MAX_WINDOW {
+        return Err(format!(
+            "the window holds {calls} calls, but no policy keeps more than {MAX_WINDOW}"
+        ));
+    }
+    let long = |what: &str, text: &str, max: usize| {
+        if text.len() > max {
+            Err(format!(
+                "{what} is {} bytes long, but a session keeps at most {max}",
+                text.len()
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    for c in snap.call_ids.iter().chain(&snap.loop_start_ids) {
+        long("a call id", &c.id, MAX_ID_BYTES)?;
+    }
+    for r in &snap.window {
+        long(
+            "a tool name",
+            r.tool.as_deref().unwrap_or(""),
+            MAX_TEXT_BYTES,
+        )?;
+    }
+    for t in &snap.unknown_tools {
+        long("an unknown tool's name", t, MAX_TEXT_BYTES)?;
+    }
+    if let Some(m) = &snap.group {
+        long("the group name", &m.group, MAX_TEXT_BYTES)?;
+        long("the worker name", &m.worker, MAX_TEXT_BYTES)?;
+    }
+    if let Some(a) = &snap.armed {
+        let v = &a.verdict;
+        long(
+            "the waiting refusal's tool",
+            a.tool.as_deref().unwrap_or(""),
+            MAX_TEXT_BYTES,
+        )?;
+        long("the waiting refusal's message", &v.message, MAX_TEXT_BYTES)?;
+        long(
+            "the waiting refusal's detector",
+            v.detector.as_deref().unwrap_or(""),
+            MAX_TEXT_BYTES,
+        )?;
+        long(
+            "the waiting refusal's rule",
+            v.rule.as_deref().unwrap_or(""),
+            MAX_TEXT_BYTES,
+        )?;
+        if v.calls.len() > MAX_WINDOW {
+            return Err(format!(
+                "the waiting refusal names {} calls, but a verdict names at most {MAX_WINDOW}",
+                v.calls.len()
+            ));
+        }
+        for c in v.calls.iter().chain(&v.loop_start) {
+            long("a call id in the waiting refusal", &c.call_id, MAX_ID_BYTES)?;
+        }
+    }
     if calls > u32::MAX as usize || calls as u64 > u64::from(snap.seq) {
         return Err(format!(
             "the window holds {calls} calls but `seq` says only {} were seen",
