@@ -4,7 +4,7 @@
 //! built-in default policy, through the real `loopctl test` and the real `loopctl simulate`.
 //!
 //! The corpus covers the families of loops and of healthy runs the progress model is about
-//! (see the README's "Progress" section); each family has loops and healthy runs, so a change
+//! (see docs/progress.md); each family has loops and healthy runs, so a change
 //! that trades one for the other fails here.
 
 use std::collections::BTreeMap;

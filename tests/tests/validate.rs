@@ -195,8 +195,9 @@ fn schema_validates_every_shipped_policy_and_rejects_a_typo() {
 }
 
 #[test]
-fn readme_rule_reference_is_generated_from_the_declarations() {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+fn the_rule_reference_is_generated_from_the_declarations() {
+    let readme =
+        std::fs::read_to_string(root().join("docs/reference.md")).expect("docs/reference.md");
     let start = "<!-- reference:start -->\n";
     let end = "<!-- reference:end -->";
     let from = readme.find(start).expect("start marker") + start.len();
@@ -204,7 +205,7 @@ fn readme_rule_reference_is_generated_from_the_declarations() {
     let generated = loopguard_rules::generate::reference_markdown();
     assert!(
         readme[from..to] == generated,
-        "README rule reference is stale: run `loopctl schema --reference` and paste it between the markers"
+        "docs/reference.md is stale: run `loopctl schema --reference` and paste it between the markers"
     );
 }
 

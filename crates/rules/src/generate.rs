@@ -70,7 +70,7 @@ fn kind_schema(kind: &'static Kind) -> J {
     }
 }
 
-/// The README's rule reference, as Markdown: one row per key, in declaration order.
+/// The rule reference (docs/reference.md), as Markdown: one row per key, in declaration order.
 pub fn reference_markdown() -> String {
     let mut out = String::from("| key | type | default | description |\n|---|---|---|---|\n");
     rows(POLICY, "", &mut out);

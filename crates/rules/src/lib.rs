@@ -3,7 +3,7 @@
 //! The key design decision: a policy is read into a loose, spanned node tree first and only then
 //! compiled. Every check — unknown keys, types, ranges, regexes, cross-references — works on that
 //! tree, so each problem names its file, line and column and all of them are reported together.
-//! Parameters are declared once in [`schema`]; defaults, the JSON Schema and the README's rule
+//! Parameters are declared once in [`schema`]; defaults, the JSON Schema and the rule
 //! reference are derived from those declarations.
 //!
 //! ```

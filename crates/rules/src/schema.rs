@@ -2,7 +2,7 @@
 //!
 //! Each key is declared once here with its type, default and documentation. The defaults the
 //! engine runs with, the "unknown key, did you mean" suggestions, the JSON Schema printed by
-//! `loopctl schema` and the README's rule reference are all derived from these tables.
+//! `loopctl schema` and the rule reference (docs/reference.md) are all derived from these tables.
 
 /// The type of a policy value.
 #[derive(Debug)]
@@ -727,7 +727,7 @@ const TIME: &[Field] = &[
         "reset_on_user_message",
         BOOL,
         Some("true"),
-        "a message from a person sets the calls before it aside until a repeated call's outcome shows whether it changed anything (see the README's Progress section); `false`: people's messages change no count",
+        "a message from a person sets the calls before it aside until a repeated call's outcome shows whether it changed anything (see docs/progress.md); `false`: people's messages change no count",
     ),
     f(
         "session_idle_seconds",
