@@ -123,6 +123,68 @@ pub struct Decision<'r> {
     pub step: Option<(usize, &'r Step)>,
 }
 
+/// The step a loop's `repeat`th sighting takes, and the ladder's name: the ladder `own` names
+/// (a detector's or a plugin's), else the category's, else the policy's default. Built-in and
+/// plugin detections both go through here.
+pub fn ladder_step<'r>(
+    rules: &'r CompiledRules,
+    category: Option<usize>,
+    own: Option<&'r str>,
+    repeat: u32,
+    flags: u32,
+) -> (&'r str, Option<(usize, &'r Step)>) {
+    let (name, ladder) = rules.ladder(category, own);
+    let step = ladder.and_then(|l: &Ladder| {
+        let s = l.step(repeat, flags)?;
+        let i = l.steps.iter().position(|x| std::ptr::eq(x, s))?;
+        Some((i, s))
+    });
+    (name, step)
+}
+
+/// `Verdict::rule`: the deciding step, `ladders.<ladder>[<i>]`, under its category
+/// (`categories.<name>/…`) when `category_name` is given.
+pub fn rule_name(category_name: &str, ladder: &str, step: Option<(usize, &Step)>) -> String {
+    let i = step.map_or(0, |(i, _)| i);
+    if category_name.is_empty() {
+        format!("ladders.{ladder}[{i}]")
+    } else {
+        format!("categories.{category_name}/ladders.{ladder}[{i}]")
+    }
+}
+
+/// A verdict's message: the step's template, else the action's default, rendered with `vars`.
+/// `detail` is what a plugin found (a judge's analysis): after the step's wording, or, when the
+/// step has none, worded for the action in place of the default.
+pub fn message(
+    step: Option<(usize, &Step)>,
+    action: Action,
+    vars: &Vars<'_>,
+    detail: Option<&str>,
+) -> String {
+    let detail = detail.map(str::trim).filter(|d| !d.is_empty());
+    match (step.and_then(|(_, s)| s.message.as_deref()), detail) {
+        (Some(template), Some(d)) => format!("{} Details: {d}", render(template, vars)),
+        (Some(template), None) => render(template, vars),
+        (None, Some(d)) => own_message(action, d),
+        (None, None) => render(default_message(action), vars),
+    }
+}
+
+/// A plugin's own finding, worded for the action.
+fn own_message(action: Action, message: &str) -> String {
+    let m = message.trim_end_matches('.');
+    match action {
+        Action::Allow => String::new(),
+        Action::Warn => format!(
+            "{m}. Stop repeating it: change the arguments, try a different tool, or explain what is blocking you."
+        ),
+        Action::Ask => format!("{m}. Ask the user whether to continue."),
+        Action::Block => format!("Refused: {m}. The call was not run. Change your approach."),
+        Action::Terminate => format!("Stopped: {m}."),
+    }
+}
+
 /// What the ladder says about a detection, without counting it.
 pub fn decide<'r>(
     rules: &'r CompiledRules,
@@ -137,12 +199,7 @@ pub fn decide<'r>(
         Det::GroupLoop => Some(rules.config.group.ladder.as_str()),
         det => detector_ladder(rules.detectors(category), det),
     };
-    let (name, ladder) = rules.ladder(category, own);
-    let step = ladder.and_then(|l: &Ladder| {
-        let s = l.step(repeat, flags)?;
-        let i = l.steps.iter().position(|x| std::ptr::eq(x, s))?;
-        Some((i, s))
-    });
+    let (name, step) = ladder_step(rules, category, own, repeat, flags);
     Some(Decision {
         detection: *d,
         repeat,

@@ -54,7 +54,7 @@ use loopguard_rules::{Action, Step};
 
 use crate::compiled::{CompiledRules, ToolInfo};
 use crate::detect::{Record, Window};
-use crate::escalation::{Loops, Vars, default_message, render};
+use crate::escalation::{Loops, Vars};
 use crate::event::{Call, Text, ToolResult, UserMessage};
 use crate::fingerprint::CallKeys;
 use crate::verdict::{CallRef, Note, Verdict};
@@ -285,12 +285,7 @@ pub(crate) fn decide<'r>(
         let Some(repeat) = loops.prospective(key, occasion) else {
             continue;
         };
-        let (ladder, l) = rules.ladder(category, own);
-        let step = l.and_then(|l| {
-            let s = l.step(repeat, flags)?;
-            let i = l.steps.iter().position(|x| std::ptr::eq(x, s))?;
-            Some((i, s))
-        });
+        let (ladder, step) = crate::escalation::ladder_step(rules, category, own, repeat, flags);
         let action = step.map_or(Action::Allow, |(_, s)| s.action);
         if best.as_ref().is_none_or(|b| action > b.action) {
             best = Some(PluginDecision {
@@ -328,15 +323,7 @@ pub(crate) fn verdict(
     let category_name = category
         .and_then(|i| rules.config.categories.get(i))
         .map_or("", |c| c.name.as_str());
-    let step_index = dec.step.map_or(0, |(i, _)| i);
-    let rule = if category_name.is_empty() {
-        format!("ladders.{}[{step_index}]", dec.ladder)
-    } else {
-        format!(
-            "categories.{category_name}/ladders.{}[{step_index}]",
-            dec.ladder
-        )
-    };
+    let rule = crate::escalation::rule_name(category_name, dec.ladder, dec.step);
     let file = match (call, &tool_info) {
         (Some(c), Some(t)) => {
             crate::fingerprint::file_of(&rules.fingerprint, &t.keys, &c.arguments)
@@ -362,20 +349,7 @@ pub(crate) fn verdict(
         action: dec.action.as_str(),
         workers: 1,
     };
-    let message = match dec.step.and_then(|(_, s)| s.message.as_deref()) {
-        // The ladder's wording, then what the plugin found (e.g. a judge's analysis).
-        Some(template) => {
-            let mut m = render(template, &vars);
-            let detail = hit.message.trim();
-            if !detail.is_empty() {
-                m.push_str(" Details: ");
-                m.push_str(detail);
-            }
-            m
-        }
-        None => own_message(dec.action, &hit.message)
-            .unwrap_or_else(|| render(default_message(dec.action), &vars)),
-    };
+    let message = crate::escalation::message(dec.step, dec.action, &vars, Some(&hit.message));
     let calls: Vec<CallRef> = this.into_iter().collect();
     Verdict {
         action: dec.action,
@@ -388,23 +362,6 @@ pub(crate) fn verdict(
         loop_start: None,
         notes: Vec::new(),
     }
-}
-
-/// The plugin's own message, worded for the action; `None` when it sent none.
-fn own_message(action: Action, message: &str) -> Option<String> {
-    let m = message.trim().trim_end_matches('.');
-    if m.is_empty() {
-        return None;
-    }
-    Some(match action {
-        Action::Allow => String::new(),
-        Action::Warn => format!(
-            "{m}. Stop repeating it: change the arguments, try a different tool, or explain what is blocking you."
-        ),
-        Action::Ask => format!("{m}. Ask the user whether to continue."),
-        Action::Block => format!("Refused: {m}. The call was not run. Change your approach."),
-        Action::Terminate => format!("Stopped: {m}."),
-    })
 }
 
 #[cfg(feature = "plugins")]

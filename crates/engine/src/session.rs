@@ -10,7 +10,7 @@ use loopguard_store::{GroupStore, WorkerId};
 use crate::compiled::CompiledRules;
 use crate::detect::text::{TURNS, TextState, TurnText};
 use crate::detect::{Det, Detection, Involved, Record, Window, calls, flag, results};
-use crate::escalation::{Decision, Loops, Vars, decide, default_message, render};
+use crate::escalation::{Decision, Loops, Vars, decide};
 use crate::event::{Call, Event, Text, ToolResult, UserMessage};
 use crate::fingerprint::{CallKeys, file_of};
 use crate::hash::hash_str;
@@ -439,7 +439,7 @@ impl Session {
         let mut cands = [exact, fuzzy, cycle, interleaved, unknown_tool, group_loop];
         drop_exempt(&tool, &mut cands);
         let hits = rules.plugins.on_call(c, &keys, &tool, &w);
-        let mut verdict = self.escalate(
+        let (mut verdict, _) = self.escalate(
             &rules,
             &cands,
             hits,
@@ -651,7 +651,8 @@ impl Session {
             .plugins
             .on_result(&judged, tool.as_deref(), &rec, outcome.digest, &w);
         let seq = self.seq.wrapping_sub(k as u32);
-        let verdict = self.escalate(&rules, &cands, hits, category, u64::from(seq), None, now);
+        let (verdict, file_tools_hint) =
+            self.escalate(&rules, &cands, hits, category, u64::from(seq), None, now);
         if verdict.action != Action::Block {
             return verdict;
         }
@@ -663,11 +664,7 @@ impl Session {
                 "{tool_name} keeps producing the same outcome ({}, {} times). The next {tool_name} call will be refused unless you change your approach.{}",
                 verdict.detector.as_deref().unwrap_or("loop"),
                 verdict.count,
-                if verdict.message.ends_with(FILE_TOOLS_HINT) {
-                    FILE_TOOLS_HINT
-                } else {
-                    ""
-                }
+                if file_tools_hint { FILE_TOOLS_HINT } else { "" }
             ),
             ..verdict.clone()
         };
@@ -777,6 +774,7 @@ impl Session {
         let now = self.rel(t.time_ms);
         let hits = rules.plugins.on_text(t, &self.window(now));
         self.escalate(&rules, &cands, hits, None, occasion, None, now)
+            .0
     }
 
     fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
@@ -831,7 +829,8 @@ impl Session {
 
     /// Picks the most severe outcome among the detections, the built-in detectors' and the
     /// plugins' (ties: detector order, built-in first), counts it against its loop, and builds
-    /// the verdict; plugin notes ride along.
+    /// the verdict; plugin notes ride along. Also says whether the message carries the hint to
+    /// use the file tools (failing shell file operations).
     #[allow(clippy::too_many_arguments)]
     fn escalate(
         &mut self,
@@ -842,7 +841,7 @@ impl Session {
         occasion: u64,
         call: Option<&Call<'_>>,
         now: u32,
-    ) -> Verdict {
+    ) -> (Verdict, bool) {
         let mut best: Option<Decision<'_>> = None;
         for d in cands.iter().flatten() {
             let loops = self.loops_for(d.det);
@@ -857,7 +856,7 @@ impl Session {
             return self.builtin_verdict(rules, best, category, occasion, call, now);
         }
         let builtin = best.as_ref().map(|b| b.action);
-        let mut verdict = match plugins::decide(
+        let (mut verdict, hint) = match plugins::decide(
             rules,
             &self.loops,
             self.flags,
@@ -869,7 +868,7 @@ impl Session {
             Some(p) => {
                 self.loops.commit(p.loop_key, occasion);
                 if p.action == Action::Allow {
-                    Verdict::allow()
+                    (Verdict::allow(), false)
                 } else {
                     let flags_before = self.flags;
                     self.flags = self.flags.saturating_add(1);
@@ -877,13 +876,14 @@ impl Session {
                         seq: occasion,
                         call_id: self.id_of(occasion as u32),
                     });
-                    plugins::verdict(rules, &p, &hits, category, call, this, flags_before)
+                    let v = plugins::verdict(rules, &p, &hits, category, call, this, flags_before);
+                    (v, false)
                 }
             }
             None => self.builtin_verdict(rules, best, category, occasion, call, now),
         };
         verdict.notes = hits.notes;
-        verdict
+        (verdict, hint)
     }
 
     fn builtin_verdict(
@@ -894,14 +894,14 @@ impl Session {
         occasion: u64,
         call: Option<&Call<'_>>,
         now: u32,
-    ) -> Verdict {
+    ) -> (Verdict, bool) {
         let Some(dec) = best else {
-            return Verdict::allow();
+            return (Verdict::allow(), false);
         };
         self.loops_for_mut(dec.detection.det)
             .commit(dec.detection.loop_key(), occasion);
         if dec.action == Action::Allow {
-            return Verdict::allow();
+            return (Verdict::allow(), false);
         }
         let flags_before = self.flags;
         self.flags = self.flags.saturating_add(1);
@@ -909,7 +909,7 @@ impl Session {
         if let Some(start) = &verdict.loop_start {
             self.ids.pin(start.seq as u32);
         }
-        verdict
+        (verdict, dec.detection.file_tools_hint)
     }
 
     fn build_verdict(
@@ -931,16 +931,13 @@ impl Session {
         let category_name = category
             .and_then(|i| rules.config.categories.get(i))
             .map_or("", |c| c.name.as_str());
-        let step_index = dec.step.map_or(0, |(i, _)| i);
         // The group ladder is the policy's choice for the swarm, not the tool category's.
-        let rule = if category_name.is_empty() || d.det == Det::GroupLoop {
-            format!("ladders.{}[{step_index}]", dec.ladder)
+        let in_category = if d.det == Det::GroupLoop {
+            ""
         } else {
-            format!(
-                "categories.{category_name}/ladders.{}[{step_index}]",
-                dec.ladder
-            )
+            category_name
         };
+        let rule = crate::escalation::rule_name(in_category, dec.ladder, dec.step);
         let file = match (call, &tool_info) {
             (Some(c), Some(t)) => file_of(&rules.fingerprint, &t.keys, &c.arguments),
             _ => String::new(),
@@ -962,11 +959,7 @@ impl Session {
                 _ => 1,
             },
         };
-        let template = dec
-            .step
-            .and_then(|(_, s)| s.message.as_deref())
-            .unwrap_or_else(|| default_message(dec.action));
-        let mut message = render(template, &vars);
+        let mut message = crate::escalation::message(dec.step, dec.action, &vars, None);
         if d.file_tools_hint {
             message.push_str(FILE_TOOLS_HINT);
         }

@@ -616,6 +616,12 @@ fn failing_file_commands_cascade_with_a_hint() {
     assert_eq!(det(&r), Some("error_cascade"));
     assert!(r.message.contains("file tools"), "{}", r.message);
     assert_eq!(r.calls.len(), 5);
+    // When the ladder reaches `block` on a result, the warning that announces the refusal of
+    // the next call keeps the hint.
+    let r = h.bash("sed -i 's/a/b/' h.txt", "sed: h.txt: other", true).1;
+    assert_eq!(r.action, Action::Warn, "{r:?}");
+    assert!(r.message.contains("will be refused"), "{}", r.message);
+    assert!(r.message.contains("file tools"), "{}", r.message);
 }
 
 #[test]
