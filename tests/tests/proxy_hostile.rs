@@ -672,3 +672,113 @@ async fn a_restart_with_a_state_file_does_not_forget_a_loop() {
     let r = client().get(p.url("/healthz")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+/// One request of a looping conversation, plain or streamed; the status, the `x-loopguard-*`
+/// headers and the body (for a stream: every data event, in order).
+async fn turn_with_headers(
+    p: &Proxy,
+    session: &str,
+    model: &str,
+    stream: bool,
+    messages: &[Value],
+) -> (u16, [Option<String>; 3], Vec<Value>) {
+    let r = client()
+        .post(p.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-user")
+        .header("x-session-id", session)
+        .json(&json!({"model": model, "stream": stream, "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let h = |name: &str| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let headers = [
+        h("x-loopguard-action"),
+        h("x-loopguard-detector"),
+        h("x-loopguard-rule"),
+    ];
+    let is_sse = r
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.to_str().unwrap().starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    let body = if is_sse {
+        text.split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|d| !d.starts_with("[DONE]"))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    } else {
+        vec![serde_json::from_str(&text).unwrap()]
+    };
+    (status, headers, body)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn interventions_are_machine_readable_plain_and_streamed() {
+    let up = Upstream::start().await;
+    let (p, _dir) = start(&up, 3, &[]);
+    for stream in [false, true] {
+        let session = format!("signals-{stream}");
+        let mut messages = vec![json!({"role": "user", "content": "build it"})];
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let (status, headers, body) =
+                turn_with_headers(&p, &session, "quietloop", stream, &messages).await;
+            if status == 400 {
+                // The stop: the same status, code and header streamed or not (nothing of the
+                // turn had been sent).
+                assert_eq!(headers[0].as_deref(), Some("terminate"), "{body:?}");
+                assert_eq!(headers[1].as_deref(), Some("exact_repeat"));
+                assert_eq!(body[0]["error"]["code"], "tool_loop_terminated");
+                seen.push("terminate".to_owned());
+                break;
+            }
+            assert_eq!(status, 200, "{body:?}");
+            // The field: on the response (plain) or on a chunk without choices (streamed).
+            let field = body.iter().find_map(|b| b.get("loopguard")).cloned();
+            let action = field
+                .as_ref()
+                .map(|f| f["interventions"][0]["action"].as_str().unwrap().to_owned());
+            if !stream {
+                assert_eq!(headers[0], action, "the header says what the body says");
+            }
+            seen.push(action.unwrap_or_else(|| "-".to_owned()));
+            // Continue the conversation as the client would.
+            let mut calls = Vec::new();
+            let mut content = String::new();
+            for b in &body {
+                let m = if stream {
+                    &b["choices"][0]["delta"]
+                } else {
+                    &b["choices"][0]["message"]
+                };
+                if let Some(cs) = m["tool_calls"].as_array() {
+                    calls.extend(cs.iter().cloned());
+                }
+                if let Some(t) = m["content"].as_str() {
+                    content.push_str(t);
+                }
+            }
+            if calls.is_empty() {
+                assert!(content.contains("[loopguard] Refused"), "{content}");
+                messages.push(json!({"role": "assistant", "content": content}));
+            } else {
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+                for c in &calls {
+                    messages.push(json!({"role": "tool", "tool_call_id": c["id"],
+                        "content": "error: could not compile `app`"}));
+                }
+            }
+        }
+        assert_eq!(
+            seen,
+            ["-", "-", "warn", "block", "terminate"],
+            "stream: {stream}"
+        );
+    }
+}

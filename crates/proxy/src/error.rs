@@ -74,7 +74,28 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        json_response(self.status, &self.body())
+        let mut out = json_response(self.status, &self.body());
+        // A stop says so in the same headers as the proxy's other interventions.
+        if self.kind == "loop_detected" {
+            let detail = self.detail.as_ref();
+            let field = |k: &str| {
+                detail
+                    .and_then(|d| d.get(k))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            for (name, value) in [
+                ("x-loopguard-action", "terminate".to_owned()),
+                ("x-loopguard-detector", field("detector")),
+                ("x-loopguard-rule", field("rule")),
+            ] {
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    out.headers_mut().insert(name, v);
+                }
+            }
+        }
+        out
     }
 }
 

@@ -23,6 +23,8 @@ pub struct CallIn {
 pub struct Judged {
     /// Indices of the calls released to the client, in order.
     pub released: Vec<usize>,
+    /// What the proxy did in this turn (warned, refused, asked), for the client to see.
+    pub interventions: Vec<Intervention>,
     /// Calls were withheld and none released: the turn ends here (`finish_reason: "stop"`),
     /// and `note` is appended to the assistant's content.
     pub stop: bool,
@@ -40,6 +42,58 @@ impl Judged {
         }
     }
 }
+
+/// One intervention, as clients see it: in the `x-loopguard-*` headers and the `loopguard` body
+/// field of the response it changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Intervention {
+    /// `warn`, `block`, `ask` or `terminate`.
+    pub action: &'static str,
+    pub detector: String,
+    pub rule: String,
+    pub count: u32,
+    /// The call it is about (`None` for text loops).
+    pub tool_call_id: Option<String>,
+}
+
+impl Intervention {
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "action": self.action,
+            "detector": self.detector,
+            "rule": self.rule,
+            "count": self.count,
+            "tool_call_id": self.tool_call_id,
+        })
+    }
+}
+
+/// The `loopguard` body field of a response carrying `interventions`.
+pub fn body_field(interventions: &[Intervention]) -> Value {
+    serde_json::json!({
+        "interventions": interventions.iter().map(Intervention::to_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The header values for `interventions`: the most severe one's action, detector and rule.
+pub fn headers(interventions: &[Intervention]) -> Option<[(&'static str, String); 3]> {
+    let rank = |a: &str| match a {
+        "warn" => 1,
+        "ask" => 2,
+        "block" => 3,
+        "terminate" => 4,
+        _ => 0,
+    };
+    let top = interventions.iter().max_by_key(|i| rank(i.action))?;
+    Some([
+        (ACTION_HEADER, top.action.to_owned()),
+        ("x-loopguard-detector", top.detector.clone()),
+        ("x-loopguard-rule", top.rule.clone()),
+    ])
+}
+
+/// The header that says what the proxy did to a response.
+pub const ACTION_HEADER: &str = "x-loopguard-action";
 
 /// Judges the turns of one response, in order.
 pub trait Judge {
@@ -84,13 +138,18 @@ fn malformed(what: &str) -> ApiError {
 /// Judges every choice of a chat completion and rewrites it: withheld calls leave
 /// `tool_calls`; a turn left with none gets the note in its content and `finish_reason: "stop"`.
 /// A terminate verdict is returned as the error to answer with.
-pub fn rewrite_response(body: &mut Value, judge: &mut dyn Judge) -> Result<(), ApiError> {
+/// Judges and rewrites a plain (non-streamed) response; returns what the proxy did.
+pub fn rewrite_response(
+    body: &mut Value,
+    judge: &mut dyn Judge,
+) -> Result<Vec<Intervention>, ApiError> {
+    let mut done = Vec::new();
     let Some(obj) = body.as_object_mut() else {
         return Err(malformed("the body is not a JSON object"));
     };
     let choices = match obj.get_mut("choices") {
         Some(Value::Array(c)) => c,
-        None | Some(Value::Null) => return Ok(()),
+        None | Some(Value::Null) => return Ok(done),
         Some(_) => return Err(malformed("`choices` is not an array")),
     };
     for choice in choices.iter_mut() {
@@ -121,6 +180,7 @@ pub fn rewrite_response(body: &mut Value, judge: &mut dyn Judge) -> Result<(), A
         if let Some(e) = j.terminate {
             return Err(e);
         }
+        done.extend(j.interventions.iter().cloned());
         apply_to_message(msg, &j, n_tools, calls.len());
         if j.stop
             && let Some(c) = choice.as_object_mut()
@@ -128,7 +188,7 @@ pub fn rewrite_response(body: &mut Value, judge: &mut dyn Judge) -> Result<(), A
             c.insert("finish_reason".into(), Value::String("stop".into()));
         }
     }
-    Ok(())
+    Ok(done)
 }
 
 fn apply_to_message(msg: &mut Map<String, Value>, j: &Judged, n_tools: usize, n_calls: usize) {
@@ -185,10 +245,22 @@ pub(crate) mod tests {
                 .filter(|&i| !self.block.contains(&calls[i].name.as_str()))
                 .collect();
             let withheld = released.len() < calls.len();
+            let interventions = calls
+                .iter()
+                .filter(|c| self.block.contains(&c.name.as_str()))
+                .map(|c| Intervention {
+                    action: "block",
+                    detector: "scripted".to_owned(),
+                    rule: "ladders.test[1]".to_owned(),
+                    count: 2,
+                    tool_call_id: Some(c.id.clone()),
+                })
+                .collect();
             Judged {
                 stop: withheld && released.is_empty(),
                 note: withheld.then(|| "[loopguard] Refused".to_owned()),
                 released,
+                interventions,
                 terminate: None,
             }
         }

@@ -380,7 +380,7 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
         turn,
     };
     if is_sse {
-        return stream(state, resp, judge, started);
+        return stream(state, resp, judge, started).await;
     }
     let status = resp.status();
     let mut headers = HeaderMap::new();
@@ -404,11 +404,19 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
     };
     let original = value.clone();
     let mut judge = judge;
-    if let Err(e) = rewrite_response(&mut value, &mut judge) {
-        if e.code == "upstream_malformed" {
-            state.metrics.upstream_error("malformed");
+    let done = match rewrite_response(&mut value, &mut judge) {
+        Ok(done) => done,
+        Err(e) => {
+            if e.code == "upstream_malformed" {
+                state.metrics.upstream_error("malformed");
+            }
+            return e.into_response();
         }
-        return e.into_response();
+    };
+    if !done.is_empty()
+        && let Some(obj) = value.as_object_mut()
+    {
+        obj.insert("loopguard".into(), crate::judge::body_field(&done));
     }
     let mut out = if value == original {
         // Nothing changed: the client gets the upstream's bytes.
@@ -422,7 +430,17 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
         json_response(status, &value)
     };
     out.headers_mut().extend(headers);
+    set_intervention_headers(&mut out, &done);
     out
+}
+
+/// The `x-loopguard-*` headers of a response the proxy changed (the most severe intervention).
+fn set_intervention_headers(out: &mut Response, done: &[crate::judge::Intervention]) {
+    for (name, value) in crate::judge::headers(done).into_iter().flatten() {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            out.headers_mut().insert(name, v);
+        }
+    }
 }
 
 /// Marks a response whose latency the stream's task records when the stream ends.
@@ -431,8 +449,28 @@ struct Pumped;
 
 /// Streams an SSE response through the [`StreamJudge`]; a task reads the upstream so that a
 /// client that goes away is noticed at once and the upstream request is dropped with it.
-fn stream(state: &Shared, resp: reqwest::Response, judge: TurnJudge, started: Instant) -> Response {
-    let (tx, mut rx) = mpsc::channel::<Bytes>(32);
+/// Longest a stream is held back waiting for something the client must see (see [`stream`]).
+const HOLD_MAX: Duration = Duration::from_secs(5);
+
+/// What the pump hands the response: bytes of the stream, or (before any byte was sent) the
+/// error that stops the session, answered with the same status as a plain request gets.
+#[derive(Debug)]
+enum Piece {
+    Data(Bytes),
+    Stop(ApiError),
+}
+
+/// A streamed response. Nothing is sent until the stream has something the client must see
+/// (text, a released call, a finish), or for at most [`HOLD_MAX`] (half the upstream timeout if
+/// shorter): a stop decided before that is a plain error response, the same status and body as
+/// without streaming; once bytes have gone out it is the stream's last event.
+async fn stream(
+    state: &Shared,
+    resp: reqwest::Response,
+    judge: TurnJudge,
+    started: Instant,
+) -> Response {
+    let (tx, mut rx) = mpsc::channel::<Piece>(32);
     let mut headers = HeaderMap::new();
     passed_back(resp.headers(), &mut headers);
     let session = judge.turn.session.clone();
@@ -444,8 +482,26 @@ fn stream(state: &Shared, resp: reqwest::Response, judge: TurnJudge, started: In
         session,
         started,
     ));
+    let first = match rx.recv().await {
+        Some(Piece::Stop(e)) => {
+            let mut out = e.into_response();
+            out.extensions_mut().insert(Pumped);
+            return out;
+        }
+        Some(Piece::Data(b)) => Some(b),
+        None => None,
+    };
+    let mut first = first;
     let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|b| b.map(Ok::<_, Infallible>))
+        if let Some(b) = first.take() {
+            return std::task::Poll::Ready(Some(Ok::<_, Infallible>(b)));
+        }
+        rx.poll_recv(cx).map(|p| match p {
+            Some(Piece::Data(b)) => Some(Ok(b)),
+            // The pump sends a stop only before any data.
+            Some(Piece::Stop(e)) => Some(Ok(Bytes::from(e.sse_event()))),
+            None => None,
+        })
     }));
     let mut out = Response::new(body);
     let h = out.headers_mut();
@@ -463,16 +519,39 @@ async fn pump(
     state: Shared,
     mut resp: reqwest::Response,
     mut sj: StreamJudge<TurnJudge>,
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Piece>,
     session: String,
     started: Instant,
 ) {
     let idle = state.options.timeout;
     let secs = idle.as_secs_f64();
     let mut gone = false;
+    // Events held until the client must see something, for at most HOLD_MAX (see [`stream`]).
+    let mut held: Vec<String> = Vec::new();
+    let mut open = false;
+    let hold_until = tokio::time::Instant::now() + HOLD_MAX.min(idle / 2);
     loop {
         let next = tokio::select! {
             () = tx.closed() => { gone = true; break; }
+            () = tokio::time::sleep_until(hold_until), if !open => {
+                // Held long enough: the stream opens (a comment if there is nothing yet, so
+                // that the client gets its headers); a later stop is its last event.
+                open = true;
+                let mut ready = std::mem::take(&mut held);
+                if ready.is_empty() {
+                    ready.push(": loopguard\n\n".to_owned());
+                }
+                for e in ready {
+                    if tx.send(Piece::Data(Bytes::from(e))).await.is_err() {
+                        gone = true;
+                        break;
+                    }
+                }
+                if gone {
+                    break;
+                }
+                continue;
+            }
             r = timeout(idle, resp.chunk()) => r,
         };
         let (events, last) = match next {
@@ -497,8 +576,24 @@ async fn pump(
             Ok(Ok(None)) => (sj.finish(), true),
             Ok(Ok(Some(bytes))) => (sj.push(&bytes), false),
         };
-        for e in events {
-            if tx.send(Bytes::from(e)).await.is_err() {
+        let ready = if open {
+            events
+        } else if let Some(e) = sj.terminated.clone() {
+            // Stopped before anything was sent: a plain error response.
+            if tx.send(Piece::Stop(e)).await.is_err() {
+                gone = true;
+            }
+            break;
+        } else {
+            held.extend(events);
+            if !(sj.committed || last || sj.is_closed()) {
+                continue;
+            }
+            open = true;
+            std::mem::take(&mut held)
+        };
+        for e in ready {
+            if tx.send(Piece::Data(Bytes::from(e))).await.is_err() {
                 gone = true;
                 break;
             }

@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::commands;
 use crate::error::ApiError;
-use crate::judge::{CallIn, Judge, Judged};
+use crate::judge::{CallIn, Intervention, Judge, Judged};
 use crate::metrics::Metrics;
 use crate::request::{self, MARK};
 use crate::session;
@@ -711,6 +711,14 @@ impl Judge for TurnJudge {
         let mut books = state.books();
         let book = state.book(&mut books, &turn.session, now);
         book.last_ms = now;
+        let mut done = Vec::new();
+        let seen = |v: &Verdict, call: Option<&CallIn>| Intervention {
+            action: v.action.as_str(),
+            detector: v.detector.as_deref().unwrap_or("loop").to_owned(),
+            rule: v.rule.clone().unwrap_or_default(),
+            count: v.count,
+            tool_call_id: call.map(|c| c.id.clone()),
+        };
         if calls.is_empty() || !text.trim().is_empty() {
             let v = turn.engine.observe(&Event::Text(Text {
                 session: &turn.session,
@@ -730,6 +738,7 @@ impl Judge for TurnJudge {
                     };
                 }
                 book.loose.push(note(&v));
+                done.push(seen(&v, None));
             } else {
                 log_notes(&v, &turn.session);
             }
@@ -752,6 +761,9 @@ impl Judge for TurnJudge {
                 continue;
             }
             state.record(&v, &turn.session, Some(&c.name));
+            if v.action != Action::Terminate {
+                done.push(seen(&v, Some(c)));
+            }
             match v.action {
                 Action::Allow => released.push(i),
                 Action::Warn => {
@@ -776,6 +788,7 @@ impl Judge for TurnJudge {
             ));
             return Judged {
                 released: Vec::new(),
+                interventions: done,
                 stop: true,
                 note: Some(asked.join("\n")),
                 terminate: None,
@@ -784,12 +797,14 @@ impl Judge for TurnJudge {
         if refused.is_empty() {
             return Judged {
                 released,
+                interventions: done,
                 ..Judged::default()
             };
         }
         if released.is_empty() {
             return Judged {
                 released,
+                interventions: done,
                 stop: true,
                 note: Some(refused.join("\n")),
                 terminate: None,
@@ -802,6 +817,7 @@ impl Judge for TurnJudge {
         }
         Judged {
             released,
+            interventions: done,
             ..Judged::default()
         }
     }

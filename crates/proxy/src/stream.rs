@@ -65,6 +65,10 @@ pub struct StreamJudge<J> {
     buffered: usize,
     /// Plain text kept for judging, every choice together (at most [`MAX_TEXT`]).
     text_bytes: usize,
+    /// The error a terminate verdict ended the stream with (also sent as its last event).
+    pub terminated: Option<ApiError>,
+    /// Something the client must see has been emitted: text, a released call, a finish.
+    pub committed: bool,
     envelope: Map<String, Value>,
     closed: bool,
     /// The upstream sent an error event of its own.
@@ -83,6 +87,8 @@ impl<J: Judge> StreamJudge<J> {
             choices: BTreeMap::new(),
             buffered: 0,
             text_bytes: 0,
+            terminated: None,
+            committed: false,
             envelope: Map::new(),
             closed: false,
             upstream_error: false,
@@ -233,10 +239,17 @@ impl<J: Judge> StreamJudge<J> {
                     self.closed = true;
                     out.extend(pre);
                     out.push(e.sse_event());
+                    self.terminated = Some(e);
                     return;
                 }
                 let (events, stop) = self.release(idx, &judged);
+                self.committed |= !events.is_empty();
                 modified |= !events.is_empty();
+                // What the proxy did comes first, then what it let through.
+                if !judged.interventions.is_empty() {
+                    pre.push(self.interventions_event(&judged));
+                    modified = true;
+                }
                 pre.extend(events);
                 if stop && let Some(c) = choice.as_object_mut() {
                     c.insert("finish_reason".into(), json!("stop"));
@@ -255,6 +268,7 @@ impl<J: Judge> StreamJudge<J> {
                 kept.push(choice);
             }
         }
+        self.committed |= kept.iter().any(substantive);
         if !modified {
             out.push(raw);
             return;
@@ -361,6 +375,18 @@ impl<J: Judge> StreamJudge<J> {
         (events, false)
     }
 
+    /// A chunk with no choices that carries what the proxy did in a turn (the `loopguard`
+    /// field, as in a plain response).
+    fn interventions_event(&self, judged: &Judged) -> String {
+        let mut chunk = self.envelope.clone();
+        chunk.insert("choices".into(), json!([]));
+        chunk.insert(
+            "loopguard".into(),
+            crate::judge::body_field(&judged.interventions),
+        );
+        format!("data: {}\n\n", Value::Object(chunk))
+    }
+
     fn synth(&self, idx: u64, delta: Value) -> String {
         let mut chunk = self.envelope.clone();
         chunk.insert(
@@ -382,12 +408,32 @@ impl<J: Judge> StreamJudge<J> {
             if let Some(e) = judged.terminate {
                 self.closed = true;
                 out.push(e.sse_event());
+                self.terminated = Some(e);
                 return;
             }
             let (events, _) = self.release(idx, &judged);
+            self.committed |= !events.is_empty();
+            if !judged.interventions.is_empty() {
+                out.push(self.interventions_event(&judged));
+            }
             out.extend(events);
         }
     }
+}
+
+/// A choice the client must see as soon as it is sent: text, reasoning, a call, or a finish
+/// (a bare role announcement is not).
+fn substantive(choice: &Value) -> bool {
+    let finished = choice.get("finish_reason").is_some_and(|f| !f.is_null());
+    let delta = choice.get("delta").and_then(Value::as_object);
+    finished
+        || delta.is_some_and(|d| {
+            d.iter().any(|(k, v)| match v {
+                Value::Null => false,
+                Value::String(s) => k != "role" && !s.is_empty(),
+                _ => true,
+            })
+        })
 }
 
 /// Adds one fragment to a call; returns the bytes added.
@@ -582,6 +628,14 @@ mod tests {
         );
         let note = &chunks[chunks.len() - 2]["choices"][0]["delta"]["content"];
         assert_eq!(note, "\n\n[loopguard] Refused");
+        // Before the note, a chunk without choices says what the proxy did, call by call.
+        let said = &chunks[chunks.len() - 3];
+        assert_eq!(said["choices"], json!([]));
+        let done = said["loopguard"]["interventions"].as_array().unwrap();
+        assert_eq!(done.len(), 2);
+        assert_eq!(done[0]["action"], "block");
+        assert_eq!(done[0]["tool_call_id"], "call_a");
+        assert_eq!(said["id"], chunks[0]["id"]);
         assert_eq!(
             chunks.last().unwrap()["choices"][0]["finish_reason"],
             "stop"

@@ -214,11 +214,13 @@ fn no_check_before_turn_30_then_a_confirmed_loop_is_reported_at_the_next_event()
     a.prompt(&mut j, "make the tests pass");
     assert!(a.turns(&mut j, 29).is_empty());
     assert!(h.requests().is_empty(), "no check before turn 30");
-    // Turn 30 starts the check; its verdict applies at the next event after it arrives.
+    // Turn 30's call starts the check; its verdict applies at the next event after it arrives:
+    // turn 30's result when the check is done by then (a busy machine can pause this thread
+    // between the two events), else turn 31.
     let found = a.turns(&mut j, 2);
     assert_eq!(h.models_asked(), ["fast", "strong"]);
     assert_eq!(found.len(), 1, "{found:?}");
-    assert_eq!(found[0].0, 31);
+    assert!(matches!(found[0].0, 30 | 31), "{found:?}");
     assert!(
         found[0].1.contains("fast model 0.95, strong model 0.90"),
         "{}",

@@ -203,6 +203,8 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
             Some("Building."),
             vec![tool_call(&format!("call_{n}"), "bash", BUILD)],
         ),
+        // The same call, with no text beside it.
+        "quietloop" => (None, vec![tool_call(&format!("call_{n}"), "bash", BUILD)]),
         "converse" => {
             let last = v["messages"].as_array().and_then(|m| m.last()).cloned();
             if last.is_some_and(|m| m["role"] == "tool") {
