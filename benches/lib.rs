@@ -191,5 +191,7 @@ pub fn default_engine() -> Engine {
     let policy = loopguard_rules::Policy::builtin_default()
         .policy
         .expect("the embedded default policy is valid");
-    Engine::from_policy(&policy)
+    Engine::builder(&policy)
+        .build()
+        .expect("the default policy names no plugins")
 }

@@ -198,7 +198,13 @@ fn group_redis_store(c: &mut Criterion) {
         return;
     };
     let store = RedisStore::connect(RedisConfig::new(server.url())).expect("valid config");
-    let engine = default_engine().with_store(std::sync::Arc::new(store));
+    let policy = loopguard_rules::Policy::builtin_default()
+        .policy
+        .expect("the embedded default policy is valid");
+    let engine = Engine::builder(&policy)
+        .store(std::sync::Arc::new(store))
+        .build()
+        .expect("the default policy names no plugins");
     engine.join_group("bench", "swarm", "worker-1");
     bench_calls(c, "observe/call_event_group_redis_store", &engine, "bench");
     let status = engine.store_status();

@@ -46,7 +46,10 @@ fn engine(dir: &Path, packages: &[&str]) -> Engine {
             LoadedPlugin::new(plugin)
         })
         .collect();
-    Engine::with_plugins(policy.resolve(None, None), plugins)
+    Engine::builder(&policy)
+        .plugins(plugins)
+        .build()
+        .expect("plugins given")
 }
 
 /// Pseudo-random lowercase words: unrelated texts for different seeds.

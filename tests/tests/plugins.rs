@@ -30,8 +30,9 @@ fn policy(plugins: &str) -> Policy {
 }
 
 fn engine(plugins: &str) -> Engine {
-    Engine::from_policy_with_plugins(&policy(plugins))
-        .unwrap_or_else(|e| panic!("loading the plugins: {e:?}"))
+    Engine::builder(&policy(plugins))
+        .build()
+        .unwrap_or_else(|e| panic!("loading the plugins: {e}"))
 }
 
 fn call(engine: &Engine, id: &str, tool: &str, args: Value) -> Verdict {
@@ -168,7 +169,7 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
 #[test]
 fn similarity_catches_near_identical_arguments_that_the_built_in_detectors_miss() {
     // (`error_cascade`, one tool failing again and again, catches the 4th failure on its own.)
-    let without = near_identical_searches(&Engine::from_policy(&policy("  []\n")));
+    let without = near_identical_searches(&Engine::builder(&policy("  []\n")).build().unwrap());
     assert!(without[..3].iter().all(Verdict::is_allow), "{without:?}");
 
     let similarity = entry("loopguard-plugin-similarity", "");
@@ -204,7 +205,8 @@ fn similarity_catches_near_identical_arguments_that_the_built_in_detectors_miss(
 
 #[test]
 fn results_catches_the_same_error_from_varied_calls() {
-    let without = same_error_from_varied_calls(&Engine::from_policy(&policy("  []\n")));
+    let without =
+        same_error_from_varied_calls(&Engine::builder(&policy("  []\n")).build().unwrap());
     assert!(without.iter().all(Verdict::is_allow), "{without:?}");
 
     let engine = engine(&entry("loopguard-plugin-results", ""));
@@ -297,7 +299,7 @@ fn an_unknown_status_is_ignored_and_noted_once() {
 
 #[test]
 fn the_noop_plugin_changes_no_verdict() {
-    let plain = Engine::from_policy(&policy("  []\n"));
+    let plain = Engine::builder(&policy("  []\n")).build().unwrap();
     let with_noop = engine(&entry("loopguard-plugin-noop", ""));
     assert!(plain.rules().plugins().is_empty());
     assert_eq!(with_noop.rules().plugins().len(), 1);

@@ -39,7 +39,10 @@ impl Host {
     fn with(config: RedisConfig) -> Host {
         let store = Arc::new(RedisStore::connect(config).expect("valid config"));
         let policy = Policy::builtin_default().policy.expect("default policy");
-        let engine = Engine::from_policy(&policy).with_store(Arc::clone(&store) as _);
+        let engine = Engine::builder(&policy)
+            .store(Arc::clone(&store) as _)
+            .build()
+            .expect("the default policy names no plugins");
         Host { engine, store }
     }
 

@@ -7,7 +7,7 @@
 //! # Configuration tiers
 //!
 //! Lowest first: the policy file → server-level settings (`LOOPGUARD_*`, give them to
-//! [`Engine::with_settings`] or resolve the [`Config`] with [`Policy::resolve_with`]) → the
+//! [`crate::EngineBuilder::server_settings`]) → the
 //! policy's overrides matched by (backend, model) → the session's own settings
 //! ([`Engine::set_session_settings`]). A key a tier leaves unset falls through to the tier below.
 //! The effective configuration is resolved when a session starts or its settings change, never
@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use loopguard_rules::{Config, Policy, Settings};
+use loopguard_rules::{Config, Settings};
 use loopguard_store::{GroupStore, MemoryStore, StoreStatus};
 
 use crate::compiled::CompiledRules;
@@ -67,14 +67,14 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine for a resolved configuration: [`Policy::resolve`], or
-    /// [`Policy::resolve_with`] to apply server-level settings beneath the policy's overrides.
-    /// Group counters are kept in memory (see [`Engine::with_store`]).
+    /// An engine for an already resolved configuration ([`loopguard_rules::Policy::resolve_with`]), with the
+    /// built-in detectors only (a `Config` names no plugins) and group counters in memory. For
+    /// a policy, with its plugins and a choice of store, use [`Engine::builder`].
     pub fn new(config: Config) -> Engine {
-        Engine::compiled(CompiledRules::new(config))
+        Engine::from_rules(CompiledRules::new(config))
     }
 
-    fn compiled(rules: CompiledRules) -> Engine {
+    pub(crate) fn from_rules(rules: CompiledRules) -> Engine {
         let memory = Arc::new(MemoryStore::default());
         Engine {
             rules: Arc::new(rules),
@@ -85,40 +85,17 @@ impl Engine {
         }
     }
 
-    /// An engine for a policy, a backend and a model, with server-level settings (the
-    /// `LOOPGUARD_*` tier, e.g. from [`Settings::from_env`]) beneath the policy's matching
-    /// overrides: `Engine::new(policy.resolve_with(backend, model, server))`.
-    pub fn with_settings(
-        policy: &Policy,
-        backend: Option<&str>,
-        model: Option<&str>,
-        server: &Settings,
+    /// The engine with its group counters in `store` (`memory`: when that store is in memory,
+    /// so that its state is part of snapshots). Only [`crate::EngineBuilder`] calls it, before
+    /// any session exists.
+    pub(crate) fn set_store(
+        mut self,
+        store: Arc<dyn GroupStore>,
+        memory: Option<Arc<MemoryStore>>,
     ) -> Engine {
-        Engine::new(policy.resolve_with(backend, model, server))
-    }
-
-    /// Keeps group counters in `store` (e.g. a `RedisStore` shared by several hosts) instead of
-    /// the engine's own memory. Sessions that already joined a group move to it.
-    pub fn with_store(mut self, store: Arc<dyn GroupStore>) -> Engine {
         self.store = store;
-        self.memory = None;
-        self.move_members();
+        self.memory = memory;
         self
-    }
-
-    /// Keeps group counters in this in-memory store (e.g. one with other bounds); its state is
-    /// part of [`Engine::snapshot`].
-    pub fn with_memory_store(mut self, store: Arc<MemoryStore>) -> Engine {
-        self.store = Arc::clone(&store) as Arc<dyn GroupStore>;
-        self.memory = Some(store);
-        self.move_members();
-        self
-    }
-
-    fn move_members(&self) {
-        for (_, s) in self.sessions() {
-            lock(&s).set_store(&self.store);
-        }
     }
 
     /// Every session (the shards' locks are held only while the list is taken).
@@ -164,32 +141,6 @@ impl Engine {
     /// failed (`errors`), how stale the shared counts may be.
     pub fn store_status(&self) -> StoreStatus {
         self.store.status()
-    }
-
-    /// An engine for a policy with no backend or model override applied.
-    ///
-    /// It runs no plugins, even when the policy names some: see `Engine::with_plugins` (feature
-    /// `plugins`).
-    pub fn from_policy(policy: &Policy) -> Engine {
-        Engine::new(policy.resolve(None, None))
-    }
-
-    /// An engine that also runs detector plugins; their detections climb the same ladders as
-    /// the built-in detectors' (see [`crate::plugins`]). Load the plugins a policy names with
-    /// [`crate::load_plugins`].
-    #[cfg(feature = "plugins")]
-    pub fn with_plugins(config: Config, plugins: Vec<crate::plugins::LoadedPlugin>) -> Engine {
-        Engine::compiled(CompiledRules::with_plugins(config, plugins))
-    }
-
-    /// An engine for a policy (no backend or model override) running every enabled plugin the
-    /// policy names; every plugin that fails to load is reported.
-    #[cfg(feature = "plugins")]
-    pub fn from_policy_with_plugins(
-        policy: &Policy,
-    ) -> Result<Engine, Vec<crate::plugins::PluginLoadError>> {
-        let plugins = crate::plugins::load_plugins(policy)?;
-        Ok(Engine::with_plugins(policy.resolve(None, None), plugins))
     }
 
     /// The plugins this engine runs, in policy order.

@@ -30,7 +30,7 @@
 //! use loopguard_rules::Policy;
 //!
 //! let policy = Policy::builtin_default().policy.expect("the default policy is valid");
-//! let engine = Engine::from_policy(&policy);
+//! let engine = Engine::builder(&policy).build().expect("the default policy names no plugins");
 //! let args = serde_json::json!({"command": "cargo build"});
 //! let call = |id, t| Event::Call(Call {
 //!     session: "s1",
@@ -48,6 +48,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod builder;
 pub mod compiled;
 pub mod detect;
 pub mod engine;
@@ -66,6 +67,7 @@ mod scope_tests;
 #[cfg(test)]
 mod tests;
 
+pub use builder::{BuildError, EngineBuilder};
 pub use compiled::CompiledRules;
 pub use engine::Engine;
 pub use event::{Arguments, Call, Event, Text, ToolResult, UserMessage};

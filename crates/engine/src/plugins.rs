@@ -44,7 +44,7 @@
 //!         std::process::exit(1);
 //!     }
 //! };
-//! let engine = Engine::with_plugins(policy.resolve(None, None), plugins);
+//! let engine = Engine::builder(&policy).plugins(plugins).build().expect("plugins given");
 //! # }
 //! ```
 
@@ -987,7 +987,7 @@ mod enabled {
             let loaded = Policy::builtin_default();
             let policy = loaded.policy.unwrap();
             assert!(load_plugins(&policy).unwrap().is_empty());
-            let engine = crate::Engine::with_plugins(policy.resolve(None, None), Vec::new());
+            let engine = crate::Engine::builder(&policy).build().unwrap();
             assert!(engine.plugins().is_empty());
         }
     }

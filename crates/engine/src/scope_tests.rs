@@ -82,17 +82,25 @@ fn env_server() -> Settings {
 fn session_over_overrides_over_server_over_policy() {
     let p = policy(TIERS);
     // Policy alone.
-    let plain = Engine::with_settings(&p, None, None, &Settings::default());
+    let plain = Engine::builder(&p).build().unwrap();
     plain.set_session_settings("s", Settings::default());
     assert_eq!(threshold(&plain, "s"), 3);
     assert_eq!(ladder(&plain, "s"), "default");
     // Server settings (from the environment) over the policy.
-    let server = Engine::with_settings(&p, None, Some("claude-3"), &env_server());
+    let server = Engine::builder(&p)
+        .model("claude-3")
+        .server_settings(env_server())
+        .build()
+        .unwrap();
     server.set_session_settings("s", Settings::default());
     assert_eq!(threshold(&server, "s"), 5);
     assert_eq!(ladder(&server, "s"), "break");
     // A matching override over the server settings, for the keys it sets only.
-    let over = Engine::with_settings(&p, None, Some("gpt-4o-mini"), &env_server());
+    let over = Engine::builder(&p)
+        .model("gpt-4o-mini")
+        .server_settings(env_server())
+        .build()
+        .unwrap();
     over.set_session_settings("s", Settings::default());
     assert_eq!(threshold(&over, "s"), 7);
     assert_eq!(ladder(&over, "s"), "break");
@@ -116,7 +124,7 @@ fn session_over_overrides_over_server_over_policy() {
 
 #[test]
 fn session_settings_change_verdicts_and_keep_the_window() {
-    let engine = Engine::from_policy(&policy(TIERS));
+    let engine = Engine::builder(&policy(TIERS)).build().unwrap();
     let args = json!({"q": "same"});
     assert!(call(&engine, "s", "c1", "lookup", &args, 1).is_allow());
     assert!(call(&engine, "s", "c2", "lookup", &args, 2).is_allow());
@@ -156,7 +164,7 @@ fn a_window_resized_by_settings_keeps_its_newest_calls() {
     let p = policy(
         "version: 1\nwindow: { size: 4 }\ndetectors:\n  cycle: { max_period: 2 }\n  exact_repeat: { threshold: 3 }\n  fuzzy_repeat: { enabled: false }\n",
     );
-    let engine = Engine::from_policy(&p);
+    let engine = Engine::builder(&p).build().unwrap();
     let (x, y) = (json!({"q": "x"}), json!({"q": "y"}));
     let mut t = 0;
     let mut next = |args: &Value| {
@@ -194,7 +202,7 @@ fn a_window_resized_by_settings_keeps_its_newest_calls() {
 
 #[test]
 fn sessions_with_equal_settings_share_compiled_rules() {
-    let engine = Engine::from_policy(&policy(TIERS));
+    let engine = Engine::builder(&policy(TIERS)).build().unwrap();
     let s = Settings {
         ttl_seconds: Some(60),
         ..Settings::default()
@@ -218,7 +226,9 @@ fn sessions_with_equal_settings_share_compiled_rules() {
 
 #[test]
 fn a_disabled_session_allows_everything_and_keeps_nothing() {
-    let engine = Engine::from_policy(&Policy::builtin_default().policy.unwrap());
+    let engine = Engine::builder(&Policy::builtin_default().policy.unwrap())
+        .build()
+        .unwrap();
     engine.set_session_settings(
         "off",
         Settings {
@@ -270,7 +280,7 @@ fn install() -> Value {
 
 #[test]
 fn a_group_loop_needs_the_threshold_and_two_workers() {
-    let engine = Engine::from_policy(&policy(SWARM));
+    let engine = Engine::builder(&policy(SWARM)).build().unwrap();
     engine.join_group("a", "swarm", "worker-a");
     engine.join_group("b", "swarm", "worker-b");
     let args = install();
@@ -312,7 +322,7 @@ fn a_group_loop_needs_the_threshold_and_two_workers() {
 
 #[test]
 fn one_worker_alone_never_makes_a_group_loop() {
-    let engine = Engine::from_policy(&policy(SWARM));
+    let engine = Engine::builder(&policy(SWARM)).build().unwrap();
     // Two sessions of one worker are one worker.
     engine.join_group("a", "swarm", "worker-a");
     engine.join_group("a2", "swarm", "worker-a");
@@ -323,7 +333,7 @@ fn one_worker_alone_never_makes_a_group_loop() {
     }
     assert_eq!(engine.store().tally("swarm", 0).workers, 0);
     // Sessions outside the group do not count for it.
-    let loner = Engine::from_policy(&policy(SWARM));
+    let loner = Engine::builder(&policy(SWARM)).build().unwrap();
     loner.join_group("a", "swarm", "worker-a");
     for t in 0..10 {
         assert!(call(&loner, "a", &format!("a{t}"), "install", &args, t).is_allow());
@@ -333,7 +343,7 @@ fn one_worker_alone_never_makes_a_group_loop() {
 
 #[test]
 fn clearing_a_group_starts_it_over() {
-    let engine = Engine::from_policy(&policy(SWARM));
+    let engine = Engine::builder(&policy(SWARM)).build().unwrap();
     engine.join_group("a", "swarm", "worker-a");
     engine.join_group("b", "swarm", "worker-b");
     let args = install();
@@ -371,7 +381,9 @@ fn clearing_a_group_starts_it_over() {
 
 #[test]
 fn the_default_policy_warns_the_swarm_at_ten_calls() {
-    let engine = Engine::from_policy(&Policy::builtin_default().policy.unwrap());
+    let engine = Engine::builder(&Policy::builtin_default().policy.unwrap())
+        .build()
+        .unwrap();
     let args = json!({"command": "npm install left-pad@9.9.9"});
     // Five workers each run the failing install twice: no session loops on its own.
     let mut t = 0;
@@ -405,7 +417,7 @@ fn a_disabled_group_section_counts_nothing() {
         "group: { threshold: 4, min_workers: 2 }",
         "group: { enabled: false }",
     ));
-    let engine = Engine::from_policy(&p);
+    let engine = Engine::builder(&p).build().unwrap();
     engine.join_group("a", "g", "a");
     engine.join_group("b", "g", "b");
     for t in 0..20 {
@@ -439,7 +451,10 @@ impl GroupStore for Down {
 
 #[test]
 fn an_unavailable_store_that_fails_closed_refuses_group_calls() {
-    let engine = Engine::from_policy(&policy(SWARM)).with_store(Arc::new(Down::default()));
+    let engine = Engine::builder(&policy(SWARM))
+        .store(Arc::new(Down::default()))
+        .build()
+        .unwrap();
     engine.join_group("a", "swarm", "worker-a");
     let v = call(&engine, "a", "c1", "install", &install(), 1);
     assert_eq!(v.action, Action::Block);
@@ -451,11 +466,13 @@ fn an_unavailable_store_that_fails_closed_refuses_group_calls() {
 }
 
 #[test]
-fn joining_before_with_store_moves_the_worker() {
+fn a_memory_store_given_to_the_builder_counts_the_group() {
     let store = Arc::new(MemoryStore::default());
-    let engine = Engine::from_policy(&policy(SWARM));
+    let engine = Engine::builder(&policy(SWARM))
+        .memory_store(Arc::clone(&store))
+        .build()
+        .unwrap();
     engine.join_group("a", "swarm", "worker-a");
-    let engine = engine.with_memory_store(Arc::clone(&store));
     call(&engine, "a", "c1", "install", &install(), 1);
     assert_eq!(store.status().groups, 1);
 }
@@ -464,7 +481,9 @@ fn joining_before_with_store_moves_the_worker() {
 
 #[test]
 fn a_session_snapshot_round_trips_through_json() {
-    let engine = Engine::from_policy(&Policy::builtin_default().policy.unwrap());
+    let engine = Engine::builder(&Policy::builtin_default().policy.unwrap())
+        .build()
+        .unwrap();
     engine.set_session_settings(
         "s",
         Settings {
@@ -484,7 +503,9 @@ fn a_session_snapshot_round_trips_through_json() {
     assert_eq!(snap["settings"]["max_repeats"], 4);
     assert_eq!(snap["group"]["worker"], "w1");
     let text = serde_json::to_string(&snap).unwrap();
-    let fresh = Engine::from_policy(&Policy::builtin_default().policy.unwrap());
+    let fresh = Engine::builder(&Policy::builtin_default().policy.unwrap())
+        .build()
+        .unwrap();
     fresh
         .restore_session("s", &serde_json::from_str(&text).unwrap())
         .unwrap();
@@ -501,13 +522,17 @@ fn a_session_snapshot_round_trips_through_json() {
 
 #[test]
 fn snapshot_versions_and_corruption_are_refused_clearly() {
-    let engine = Engine::from_policy(&Policy::builtin_default().policy.unwrap());
+    let engine = Engine::builder(&Policy::builtin_default().policy.unwrap())
+        .build()
+        .unwrap();
     call(&engine, "s", "c1", "bash", &json!({"command": "ls"}), 1);
     let good = engine.snapshot_session("s").unwrap();
     let with = |f: &dyn Fn(&mut Value)| {
         let mut v = good.clone();
         f(&mut v);
-        let fresh = Engine::from_policy(&Policy::builtin_default().policy.unwrap());
+        let fresh = Engine::builder(&Policy::builtin_default().policy.unwrap())
+            .build()
+            .unwrap();
         let err = fresh.restore_session("s", &v).unwrap_err();
         assert!(
             fresh.with_session("s", |_| ()).is_none(),
@@ -555,7 +580,9 @@ fn snapshot_versions_and_corruption_are_refused_clearly() {
     assert!(seq.to_string().contains("window holds 1 calls"), "{seq}");
     let mode = with(&|v| v["settings"] = json!({"mode": "nope"}));
     assert!(mode.to_string().contains("ladder `nope`"), "{mode}");
-    let not_object = Engine::from_policy(&Policy::builtin_default().policy.unwrap())
+    let not_object = Engine::builder(&Policy::builtin_default().policy.unwrap())
+        .build()
+        .unwrap()
         .restore_session("s", &json!([1, 2]))
         .unwrap_err();
     assert!(matches!(not_object, SnapshotError::Malformed(_)));
@@ -568,14 +595,14 @@ fn loop_counters_of_a_tool_survive_a_restore_into_an_engine_with_other_tool_ids(
     let p =
         policy("version: 1\ndetectors:\n  unknown_tool: { threshold: 2, known_tools: [bash] }\n");
     let args = json!({"x": 1});
-    let first = Engine::from_policy(&p);
+    let first = Engine::builder(&p).build().unwrap();
     assert!(call(&first, "s", "c1", "frobnicate", &args, 1).is_allow());
     assert_eq!(
         call(&first, "s", "c2", "frobnicate", &args, 2).action,
         Action::Warn
     );
     let snap = first.snapshot_session("s").unwrap();
-    let second = Engine::from_policy(&p);
+    let second = Engine::builder(&p).build().unwrap();
     call(&second, "other", "o1", "bash", &args, 0);
     call(&second, "other", "o2", "grep", &args, 0);
     second.restore_session("s", &snap).unwrap();
@@ -591,7 +618,7 @@ fn loop_counters_of_a_tool_survive_a_restore_into_an_engine_with_other_tool_ids(
 #[test]
 fn an_engine_snapshot_carries_sessions_and_group_counts() {
     let p = policy(SWARM);
-    let engine = Engine::from_policy(&p);
+    let engine = Engine::builder(&p).build().unwrap();
     engine.join_group("a", "swarm", "worker-a");
     engine.join_group("b", "swarm", "worker-b");
     let args = install();
@@ -599,19 +626,22 @@ fn an_engine_snapshot_carries_sessions_and_group_counts() {
         assert!(call(&engine, s, &format!("c{t}"), "install", &args, t as u64).is_allow());
     }
     let snap = engine.snapshot();
-    let fresh = Engine::from_policy(&p);
+    let fresh = Engine::builder(&p).build().unwrap();
     assert_eq!(fresh.restore(&snap).unwrap(), 2);
     let v = call(&fresh, "b", "c9", "install", &args, 9);
     assert_eq!(v.detector.as_deref(), Some("group_loop"), "{v:?}");
     // A corrupted group part is refused, and restores no session either.
     let mut bad = snap.clone();
     bad["groups"]["groups"][0]["fingerprints"][0]["count"] = json!(0);
-    let other = Engine::from_policy(&p);
+    let other = Engine::builder(&p).build().unwrap();
     let err = other.restore(&bad).unwrap_err();
     assert!(err.to_string().contains("count is 0"), "{err}");
     assert_eq!(other.session_count(), 0);
     // An engine whose counters live in a shared store cannot take them.
-    let shared = Engine::from_policy(&p).with_store(Arc::new(MemoryStore::default()));
+    let shared = Engine::builder(&p)
+        .store(Arc::new(MemoryStore::default()))
+        .build()
+        .unwrap();
     assert!(matches!(
         shared.restore(&snap),
         Err(SnapshotError::GroupStoreNotInMemory { groups: 1 })
@@ -743,7 +773,7 @@ group: { threshold: 5, min_workers: 2 }
 "#;
 
 fn prop_engine(p: &Policy) -> Engine {
-    let e = Engine::from_policy(p);
+    let e = Engine::builder(p).build().unwrap();
     e.join_group("a", "swarm", "a");
     e.join_group("b", "swarm", "b");
     e.set_session_settings(
@@ -781,7 +811,7 @@ proptest! {
         let got_before = feed(&first, before, &mut calls);
         prop_assert_eq!(&got_before[..], &expected[..cut]);
         // Through JSON text, as a host would store it.
-        let resumed = Engine::from_policy(&p);
+        let resumed = Engine::builder(&p).build().unwrap();
         if whole_engine {
             let text = serde_json::to_string(&first.snapshot()).unwrap();
             resumed.restore(&serde_json::from_str(&text).unwrap()).unwrap();

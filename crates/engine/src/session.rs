@@ -221,13 +221,6 @@ impl Session {
         }
     }
 
-    /// Points the membership at another store (the engine's store changed).
-    pub(crate) fn set_store(&mut self, store: &Arc<dyn GroupStore>) {
-        if let Some(m) = self.group.as_deref_mut() {
-            m.store = Arc::clone(store);
-        }
-    }
-
     /// Observes one event and says what the host should do.
     pub fn observe(&mut self, event: &Event<'_>) -> Verdict {
         self.last_ms = self.last_ms.max(event.time_ms());

@@ -21,7 +21,7 @@ use loopguard_engine::LoadedPlugin;
 use loopguard_engine::{
     Action, Arguments, Call, Engine, Event, Note, Text, ToolResult, UserMessage,
 };
-use loopguard_rules::{Config, Policy, Settings, SourceMap};
+use loopguard_rules::{Policy, Settings, SourceMap};
 use serde_json::{Value, json};
 
 use crate::transcript::{self, Args, Item, Kind, Line, shorten};
@@ -107,7 +107,9 @@ fn load_plugins(policy: &Policy, sources: &SourceMap) -> Result<Vec<LoadedPlugin
 pub(crate) struct Setup {
     pub policy: Policy,
     sources: SourceMap,
-    config: Config,
+    backend: Option<String>,
+    model: Option<String>,
+    server: Settings,
     /// The plugins loaded up front, for the first engine; later engines load fresh instances.
     spare: Option<Vec<LoadedPlugin>>,
     /// The plugins' names in backticks, for headers.
@@ -126,13 +128,14 @@ impl Setup {
             .or_else(|| std::env::var_os(RULES_ENV).map(PathBuf::from));
         let (policy, sources) = load_policy(rules.as_deref())?;
         let server = server_settings(&policy)?;
-        let config = policy.resolve_with(backend, model, &server);
         let plugins = load_plugins(&policy, &sources)?;
         let plugin_names = plugins.iter().map(|p| format!("`{}`", p.name())).collect();
         Ok(Setup {
             policy,
             sources,
-            config,
+            backend: backend.map(str::to_owned),
+            model: model.map(str::to_owned),
+            server,
             spare: Some(plugins),
             plugin_names,
         })
@@ -144,7 +147,19 @@ impl Setup {
             Some(p) => p,
             None => load_plugins(&self.policy, &self.sources)?,
         };
-        Ok(Engine::with_plugins(self.config.clone(), plugins))
+        let mut b = Engine::builder(&self.policy)
+            .server_settings(self.server.clone())
+            .plugins(plugins);
+        if let Some(backend) = &self.backend {
+            b = b.backend(backend);
+        }
+        if let Some(model) = &self.model {
+            b = b.model(model);
+        }
+        b.build().map_err(|e| {
+            eprintln!("error: {e}");
+            EXIT_CANNOT_RUN
+        })
     }
 }
 

@@ -86,9 +86,8 @@ impl Guard {
         if let Some(e) = map.get(&key) {
             return Arc::clone(e);
         }
-        let config =
-            self.policy
-                .resolve_with(self.backend.as_deref(), key.as_deref(), &self.server);
+        // The plugins were checked when the policy was loaded; one that fails now (its file
+        // changed since) is logged and the engine runs the built-in detectors.
         let plugins = match loopguard_engine::load_plugins(&self.policy) {
             Ok(p) => p,
             Err(errors) => {
@@ -98,7 +97,25 @@ impl Guard {
                 Vec::new()
             }
         };
-        let engine = Arc::new(Engine::with_plugins(config, plugins));
+        let mut b = Engine::builder(&self.policy)
+            .server_settings(self.server.clone())
+            .plugins(plugins);
+        if let Some(backend) = &self.backend {
+            b = b.backend(backend);
+        }
+        if let Some(model) = &key {
+            b = b.model(model);
+        }
+        let engine = match b.build() {
+            Ok(e) => Arc::new(e),
+            Err(error) => {
+                tracing::error!(%error, "cannot build an engine; running the built-in detectors");
+                let config =
+                    self.policy
+                        .resolve_with(self.backend.as_deref(), key.as_deref(), &self.server);
+                Arc::new(Engine::new(config))
+            }
+        };
         map.insert(key, Arc::clone(&engine));
         engine
     }
