@@ -31,7 +31,30 @@
 //!
 //! This crate has no dependencies and contains no code beyond constants and type definitions;
 //! write plugins in Rust with `loopguard-plugin-sdk`, which generates every export safely.
+//!
+//! # Example
+//!
+//! Reading an event the way a plugin does: check `kind`, then read only the fields that kind
+//! sets, and only those that `struct_size` says the writer filled.
+//!
+//! ```
+//! use core::mem::{offset_of, size_of};
+//! use loopguard_plugin_abi::{EventView, StrRef, event_kind};
+//!
+//! let mut ev = EventView::empty(event_kind::CALL);
+//! ev.tool = StrRef::new("search");
+//! ev.exact = 0x1234;
+//!
+//! assert_eq!(ev.kind, event_kind::CALL);
+//! assert_eq!(ev.tool.len, "search".len());
+//! assert_eq!(ev.exact, 0x1234);
+//! // `window_len` is the last field: a view this large has every field this crate knows.
+//! let knows_window = ev.struct_size >= offset_of!(EventView, window_len) + size_of::<usize>();
+//! assert!(knows_window);
+//! assert_eq!(ev.window_len, 0);
+//! ```
 
+#![warn(missing_docs)]
 #![cfg_attr(not(test), no_std)]
 
 use core::ffi::{CStr, c_void};
@@ -81,7 +104,7 @@ pub mod flags {
     /// plugin synchronizes itself. Without this bit the host serializes calls per instance (it
     /// may still make them from different threads, one at a time, so instances must be `Send`).
     pub const THREAD_SAFE: u32 = 1 << 0;
-    /// The plugin never reads [`EventView`]'s `arguments`: the host may leave them empty and skip
+    /// The plugin never reads [`EventView`](super::EventView)'s `arguments`: the host may leave them empty and skip
     /// writing them out.
     pub const IGNORES_ARGUMENTS: u32 = 1 << 1;
 }
@@ -119,7 +142,9 @@ pub mod window_flags {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct StrRef {
+    /// The first byte; null only when `len` is 0.
     pub ptr: *const u8,
+    /// The length in bytes.
     pub len: usize,
 }
 
@@ -148,7 +173,9 @@ impl StrRef {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct OwnedBuf {
+    /// The first byte, allocated by the plugin; null for no buffer.
     pub ptr: *mut u8,
+    /// The length in bytes.
     pub len: usize,
 }
 

@@ -46,6 +46,7 @@
 //! # Ok::<(), loopguard_plugin_host::HostError>(())
 //! ```
 
+#![warn(missing_docs)]
 #![allow(unsafe_code)]
 
 mod error;
@@ -154,7 +155,7 @@ impl PluginHost {
 /// The canonical path of `path` once it is known to be a file this host may load: a regular
 /// file, not group- or world-writable, in a directory that is not group- or world-writable.
 /// Only metadata is read: a FIFO is never opened (opening one would block).
-pub fn checked_file(path: &Path) -> Result<PathBuf, HostError> {
+pub(crate) fn checked_file(path: &Path) -> Result<PathBuf, HostError> {
     let refused = |path: &Path, reason: String| HostError::Refused {
         path: path.to_path_buf(),
         reason,
@@ -266,7 +267,9 @@ fn file_kind(kind: &std::fs::FileType) -> &'static str {
 pub struct PluginInfo {
     /// The library file, canonicalized.
     pub path: PathBuf,
+    /// The plugin's name, from its descriptor.
     pub name: String,
+    /// The plugin's own version text, from its descriptor.
     pub version: String,
     /// The plugin ABI version it was built for (always this host's: others are refused).
     pub abi_version: u32,
@@ -619,11 +622,6 @@ impl Plugin {
         &self.config_schema
     }
 
-    /// Whether the plugin declared itself thread-safe (its calls are then not serialized).
-    pub fn is_thread_safe(&self) -> bool {
-        self.thread_safe
-    }
-
     /// Whether the plugin reads the call arguments of an event (it did not declare
     /// `IGNORES_ARGUMENTS`).
     pub fn reads_arguments(&self) -> bool {
@@ -667,10 +665,15 @@ unsafe fn take_buffer(free: FreeBufferFn, buf: OwnedBuf) -> String {
 /// The kind of an event shown to a plugin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventKind {
+    /// The assistant calls a tool.
     Call,
+    /// A tool's result.
     Result,
+    /// Assistant text.
     Text,
+    /// A user message.
     User,
+    /// The session starts over.
     Reset,
 }
 
@@ -765,11 +768,6 @@ impl<'a> EventView<'a> {
         };
         self.raw.window_len = window.len();
         self
-    }
-
-    /// The `#[repr(C)]` view handed to plugins.
-    pub fn as_raw(&self) -> &abi::EventView {
-        &self.raw
     }
 }
 
@@ -894,13 +892,13 @@ mod tests {
             .tool("t")
             .result("out", true, Some(2))
             .window(&window);
-        let raw = ev.as_raw();
+        let raw = &ev.raw;
         assert_eq!(raw.kind, abi::event_kind::RESULT);
         assert_eq!((raw.is_error, raw.has_exit_code, raw.exit_code), (1, 1, 2));
         assert_eq!(raw.result.len, 3);
         assert_eq!(raw.window_len, 1);
         assert_eq!(raw.time_ms, 5);
         let empty = EventView::new(EventKind::Call, "s", 0).window(&[]);
-        assert!(empty.as_raw().window.is_null());
+        assert!(empty.raw.window.is_null());
     }
 }

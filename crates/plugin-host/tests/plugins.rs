@@ -99,7 +99,11 @@ fn noop_loads_and_never_detects() {
     let plugin = load("loopguard-plugin-noop", Value::Null);
     assert_eq!(plugin.name(), "noop");
     assert_eq!(plugin.version(), env!("CARGO_PKG_VERSION"));
-    assert!(!plugin.is_thread_safe());
+    assert!(
+        !PluginHost::describe(&plugin_path("loopguard-plugin-noop"))
+            .unwrap()
+            .thread_safe
+    );
     assert!(!plugin.is_poisoned());
     assert!(plugin.path().is_absolute());
     let window = [abi::WindowRecord::default(); 3];

@@ -89,6 +89,8 @@
 //! crate then runs that many instances, each behind its own lock, and sends each event to the
 //! instance of its session, so sessions of other shards go on meanwhile.
 
+#![warn(missing_docs)]
+
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -191,9 +193,13 @@ impl EventKind {
 /// [`abi::EventView`] for which apply to which).
 #[derive(Clone, Copy, Debug)]
 pub struct Event<'a> {
+    /// What happened.
     pub kind: EventKind,
+    /// The session (agent conversation) the event belongs to.
     pub session: &'a str,
+    /// The call id of a call or result; may be empty.
     pub call_id: &'a str,
+    /// The tool of a call or result.
     pub tool: &'a str,
     /// Canonical arguments (JSON text, keys sorted, volatile keys dropped).
     pub arguments: &'a str,
@@ -201,8 +207,11 @@ pub struct Event<'a> {
     pub result: &'a str,
     /// Assistant or user text.
     pub text: &'a str,
+    /// The result is an error.
     pub is_error: bool,
+    /// The exit code of a command's result, when it has one.
     pub exit_code: Option<i32>,
+    /// Event time in milliseconds, as the host reports it (not necessarily wall-clock time).
     pub time_ms: u64,
     /// Exact fingerprint of the call (0 if unknown).
     pub exact: u64,

@@ -6,22 +6,22 @@ use crate::node::{Node, Value};
 use crate::schema::{Field, Kind, PLACEHOLDERS, kind_name};
 
 /// Largest compiled size accepted for one regex, so a hostile pattern cannot eat memory.
-pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
+pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Largest compiled size (of the regexes' automata, in bytes) accepted for all the regexes of
 /// one policy, the files it extends included: each regex is bounded by [`REGEX_SIZE_LIMIT`],
 /// and this bounds how many such regexes a policy may hold, so a policy cannot take minutes and
 /// gigabytes to compile.
-pub const REGEX_TOTAL_LIMIT: usize = 4 << 20;
+pub(crate) const REGEX_TOTAL_LIMIT: usize = 4 << 20;
 /// Longest tool-name glob accepted, in bytes.
-pub const GLOB_MAX_LEN: usize = 1024;
+pub(crate) const GLOB_MAX_LEN: usize = 1024;
 /// Most wildcards (`*`, `?`, `[`, `{`) accepted in one glob.
-pub const GLOB_MAX_WILDCARDS: usize = 64;
+pub(crate) const GLOB_MAX_WILDCARDS: usize = 64;
 /// Largest compiled size accepted for one glob's automaton; globs within the length and
 /// wildcard limits stay far below it.
 const GLOB_SIZE_LIMIT: usize = 1 << 20;
 
 /// Compiles a policy regex with the limits every user of policy regexes applies.
-pub fn compile_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
+pub(crate) fn compile_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
     regex::RegexBuilder::new(pattern)
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(REGEX_SIZE_LIMIT)
@@ -30,7 +30,7 @@ pub fn compile_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
 
 /// A glob that was not compiled.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GlobError {
+pub(crate) enum GlobError {
     /// Not a glob: an unclosed bracket, say.
     Invalid(String),
     /// Over [`GLOB_MAX_LEN`] or [`GLOB_MAX_WILDCARDS`], or an automaton too large.
@@ -47,7 +47,7 @@ impl std::fmt::Display for GlobError {
 
 /// Compiles a tool-name glob, refusing one over the length and wildcard limits before it
 /// reaches `globset` (which panics when the automaton of a glob is too large).
-pub fn compile_glob(pattern: &str) -> Result<globset::GlobMatcher, GlobError> {
+pub(crate) fn compile_glob(pattern: &str) -> Result<globset::GlobMatcher, GlobError> {
     if pattern.len() > GLOB_MAX_LEN {
         return Err(GlobError::TooComplex(format!(
             "longer than {GLOB_MAX_LEN} bytes"
@@ -83,7 +83,7 @@ pub fn compile_glob(pattern: &str) -> Result<globset::GlobMatcher, GlobError> {
 /// What the regexes of one policy (its extended files included) may still use of
 /// [`REGEX_TOTAL_LIMIT`].
 #[derive(Debug)]
-pub struct Budget {
+pub(crate) struct Budget {
     regex_left: usize,
     /// The regex that went over the budget was reported.
     regex_reported: bool,
@@ -165,7 +165,7 @@ fn check_regex(
 }
 
 /// Checks a mapping against the fields of a section.
-pub fn check_section(
+pub(crate) fn check_section(
     node: &Node,
     fields: &'static [Field],
     path: &str,
@@ -234,7 +234,7 @@ pub fn check_section(
 }
 
 /// Checks one value against its declared kind.
-pub fn check_value(
+pub(crate) fn check_value(
     node: &Node,
     kind: &'static Kind,
     path: &str,
@@ -247,16 +247,6 @@ pub fn check_value(
         (Kind::Int { min, max }, Value::Int(i)) => {
             if i < min || i > max {
                 out.push(range_error(node, path, *i as f64, *min as f64, *max as f64));
-            }
-        }
-        (Kind::Float { min, max }, Value::Int(i)) => {
-            if (*i as f64) < *min || (*i as f64) > *max {
-                out.push(range_error(node, path, *i as f64, *min, *max));
-            }
-        }
-        (Kind::Float { min, max }, Value::Float(x)) => {
-            if x < min || x > max || x.is_nan() {
-                out.push(range_error(node, path, *x, *min, *max));
             }
         }
         (Kind::Str, Value::Str(_)) => {}
@@ -333,14 +323,13 @@ pub fn check_value(
         (Kind::Map(_), Value::Null) => {}
         (kind, found) => {
             let mut diag = type_error(node, path, &with_article(&kind_name(kind)), found);
-            if let (Kind::Int { .. } | Kind::Float { .. } | Kind::Bool, Value::Str(text)) =
+            if let (Kind::Int { .. } | Kind::Bool, Value::Str(text)) =
                 (kind, found)
             {
                 // Quotes are the mistake only when the text inside is a value of the kind.
                 let t = text.trim();
                 let unquoted = match kind {
                     Kind::Int { .. } => t.parse::<i64>().is_ok(),
-                    Kind::Float { .. } => t.parse::<f64>().is_ok(),
                     _ => matches!(t, "true" | "false"),
                 };
                 diag = diag.with_help(match (unquoted, kind) {

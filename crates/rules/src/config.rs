@@ -1,6 +1,6 @@
 //! The typed, effective configuration: what the engine compiles into its rule set.
 //!
-//! A [`Config`] is built from a node tree that has already passed [`crate::check`] and has the
+//! A [`Config`] is built from a node tree that has already passed the checks and has the
 //! declared defaults merged under it, so every value is present and of the right type.
 
 use std::collections::BTreeMap;
@@ -14,15 +14,21 @@ use crate::node::{Node, Value};
 /// What the host should do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Action {
+    /// Let the call run.
     #[default]
     Allow,
+    /// Let the call run and warn the model.
     Warn,
+    /// Ask the user whether the call may run.
     Ask,
+    /// Refuse the call; the session goes on.
     Block,
+    /// Stop the run.
     Terminate,
 }
 
 impl Action {
+    /// The policy word for the action (`allow`, `warn`, `ask`, `block`, `terminate`).
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Allow => "allow",
@@ -33,6 +39,7 @@ impl Action {
         }
     }
 
+    /// The action a policy word names (exact, lowercase); `None` for any other word.
     pub fn parse(word: &str) -> Option<Action> {
         Some(match word {
             "allow" => Action::Allow,
@@ -52,13 +59,16 @@ pub struct Step {
     pub repeat: Option<u32>,
     /// Applies once the session was flagged at least this many times before.
     pub flags: Option<u32>,
+    /// What the host does when this step is taken.
     pub action: Action,
+    /// The message for the model or user, with `{placeholder}`s not yet filled in.
     pub message: Option<String>,
 }
 
 /// Steps in ascending order; the last one whose conditions hold is taken.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Ladder {
+    /// The steps, in ascending order.
     pub steps: Vec<Step>,
 }
 
@@ -72,118 +82,187 @@ impl Ladder {
     }
 }
 
+/// Parameters of the `exact_repeat` detector.
 #[derive(Clone, Debug)]
 pub struct ExactRepeat {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The Nth identical call (same tool, same canonical arguments) is flagged.
     pub threshold: u32,
+    /// Count only back-to-back repeats instead of repeats anywhere in the window.
     pub consecutive: bool,
+    /// A repeat whose normalized result differs from the previous one restarts the count.
     pub reset_on_changed_result: bool,
 }
 
+/// Parameters of the `fuzzy_repeat` detector.
 #[derive(Clone, Debug)]
 pub struct FuzzyRepeat {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The Nth call with the same tool and primary keys (after shell normalization) is flagged.
     pub threshold: u32,
+    /// A repeat whose normalized result differs from the previous one restarts the count.
     pub reset_on_changed_result: bool,
 }
 
+/// Parameters of the `cycle` detector.
 #[derive(Clone, Debug)]
 pub struct Cycle {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// Shortest cycle looked for, in calls (2: A→B→A→B).
     pub min_period: u32,
+    /// Longest cycle looked for, in calls.
     pub max_period: u32,
+    /// How many full turns of the cycle are flagged.
     pub repetitions: u32,
     /// Flag only once the first call of the next turn arrives.
     pub confirm: bool,
 }
 
+/// Parameters of the `interleaved` detector.
 #[derive(Clone, Debug)]
 pub struct Interleaved {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The Nth failing run of the same call, with other calls between, is flagged.
     pub threshold: u32,
+    /// Count only runs whose result was an error.
     pub failures_only: bool,
 }
 
 /// A detector with only a threshold.
 #[derive(Clone, Debug)]
 pub struct Counted {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The detector's count at which it flags (see the rule reference for what it counts).
     pub threshold: u32,
 }
 
+/// Parameters of the `same_outcome` detector.
 #[derive(Clone, Debug)]
 pub struct SameOutcome {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The Nth different call in a row with the same error or empty result is flagged.
     pub threshold: u32,
+    /// Count empty results (`results.empty_patterns`), not only errors.
     pub include_empty: bool,
 }
 
+/// Parameters of the `test_fix` detector.
 #[derive(Clone, Debug)]
 pub struct TestFix {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The Nth consecutive test run failing the same way is flagged.
     pub threshold: u32,
+    /// Commands that run tests.
     pub test_commands: Vec<Regex>,
 }
 
+/// Parameters of the `text_repeat` detector.
 #[derive(Clone, Debug)]
 pub struct TextRepeat {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The Nth assistant turn with the same normalized text is flagged.
     pub threshold: u32,
+    /// Turns shorter than this many characters are ignored.
     pub min_chars: u32,
 }
 
+/// Parameters of the `chanting` detector.
 #[derive(Clone, Debug)]
 pub struct Chanting {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// A unit repeated this many times in one assistant message is flagged.
     pub threshold: u32,
+    /// Shortest repeated unit considered, in characters.
     pub min_unit_chars: u32,
+    /// Longest repeated unit considered, in characters.
     pub max_unit_chars: u32,
+    /// Characters beyond this in one message are not scanned.
     pub max_message_chars: u32,
 }
 
+/// Parameters of the `unknown_tool` detector.
 #[derive(Clone, Debug)]
 pub struct UnknownTool {
+    /// Whether the detector runs.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the category's or the policy's.
     pub ladder: Option<String>,
+    /// The Nth call of a tool that does not exist is flagged.
     pub threshold: u32,
+    /// Tools the agent has; when empty, a tool is unknown once a result says so.
     pub known_tools: Vec<GlobMatcher>,
+    /// Result text saying that a tool does not exist.
     pub error_patterns: Vec<Regex>,
 }
 
 /// Parameters of every built-in detector.
 #[derive(Clone, Debug)]
 pub struct Detectors {
+    /// Same tool and canonical arguments, consecutive or within the window.
     pub exact_repeat: ExactRepeat,
+    /// Same tool and primary keys, after shell normalization.
     pub fuzzy_repeat: FuzzyRepeat,
+    /// A→B→A→B and longer periods.
     pub cycle: Cycle,
+    /// A failing call run again with other calls between.
     pub interleaved: Interleaved,
+    /// The same call returning the same normalized result.
     pub no_progress: Counted,
+    /// Different calls producing the same error or the same empty result.
     pub same_outcome: SameOutcome,
+    /// Consecutive failures of one tool.
     pub error_cascade: Counted,
+    /// Consecutive failing test runs.
     pub test_fix: TestFix,
+    /// Assistant turns with no tool call, one after another.
     pub monologue: Counted,
+    /// The same assistant turn repeated.
     pub text_repeat: TextRepeat,
+    /// A unit of text repeated inside one assistant message.
     pub chanting: Chanting,
+    /// A tool that does not exist called again and again.
     pub unknown_tool: UnknownTool,
 }
 
 /// A named group of tools with its own detector parameters and ladder.
 #[derive(Clone, Debug)]
 pub struct Category {
+    /// The key under `categories`; `default` holds every tool listed nowhere else.
     pub name: String,
     /// The tool patterns as written.
     pub tools: Vec<String>,
+    /// The compiled `tools` patterns, in the same order.
     pub matchers: Vec<GlobMatcher>,
+    /// Detector parameters for these tools: the top-level ones with the category's over them.
     pub detectors: Detectors,
+    /// The ladder for these tools; `None`: the policy's.
     pub ladder: Option<String>,
     /// A successful call of these tools is progress for the calls around it.
     pub modifies: bool,
@@ -205,7 +284,9 @@ pub struct ToolSetting {
 /// Where a tool lands and why ([`Config::place_tool`]).
 #[derive(Clone, Debug)]
 pub struct Placement<'a> {
+    /// The category; `None`: the top-level detector parameters apply.
     pub category: Option<&'a Category>,
+    /// Why the tool is there.
     pub reason: PlacementReason<'a>,
     /// The tool's own entry in the `tools` section, if any.
     pub setting: Option<&'a ToolSetting>,
@@ -232,62 +313,91 @@ impl Placement<'_> {
 }
 
 impl Category {
+    /// Whether one of the category's `tools` patterns matches the tool name.
     pub fn matches(&self, tool: &str) -> bool {
         self.matchers.iter().any(|m| m.is_match(tool))
     }
 }
 
+/// Argument keys of one tool (`fingerprint.tools.<name>`).
 #[derive(Clone, Debug, Default)]
 pub struct ToolKeys {
+    /// Argument keys that identify a call of this tool (replacing the global list); `None`: the global list.
     pub primary_keys: Option<Vec<String>>,
+    /// Argument keys ignored for this tool, added to the global list.
     pub volatile_keys: Vec<String>,
 }
 
+/// Which arguments identify a call (`fingerprint`).
 #[derive(Clone, Debug)]
 pub struct Fingerprint {
+    /// Argument keys that identify a call (for fuzzy matching).
     pub primary_keys: Vec<String>,
+    /// Argument keys ignored when hashing a call (ids, timestamps).
     pub volatile_keys: Vec<String>,
+    /// Per-tool key lists, by exact tool name.
     pub tools: BTreeMap<String, ToolKeys>,
+    /// Argument key order does not matter.
     pub sort_keys: bool,
+    /// Runs of whitespace in string arguments count as one space; ends are trimmed.
     pub collapse_whitespace: bool,
+    /// `\\` and `/` in path-like arguments are the same; `./` prefixes and doubled separators are dropped.
     pub path_separators: bool,
+    /// Tool names compare without case.
     pub case_insensitive_tools: bool,
 }
 
+/// Shell-command normalization (`shell`).
 #[derive(Clone, Debug)]
 pub struct Shell {
+    /// Tools whose calls are shell commands.
     pub tools: Vec<GlobMatcher>,
+    /// Argument keys holding the command.
     pub command_keys: Vec<String>,
+    /// Commands that read a file: with one file operand they collapse to one file-read key per file.
     pub file_read_commands: Vec<String>,
+    /// Commands that do what file tools do; their failures point the model at the file tools.
     pub file_operation_commands: Vec<String>,
+    /// Commands that wait (`sleep 30`): repeating them is not a loop.
     pub wait_commands: Vec<String>,
     /// Commands that change files or the environment (`git apply`, `sed -i`, `pip install`).
     pub modify_commands: Vec<String>,
+    /// Operators that make a command complex; such commands are kept verbatim.
     pub complex_operators: Vec<String>,
 }
 
+/// A regex masked in results before they are compared, and its replacement.
 #[derive(Clone, Debug)]
 pub struct MaskPattern {
+    /// What is masked.
     pub regex: Regex,
+    /// What it is replaced with.
     pub replace: String,
 }
 
+/// What is masked before results are compared (`results`).
 #[derive(Clone, Debug)]
 pub struct Results {
-    /// Built-in maskers by name (see [`crate::schema::MASKERS`]).
+    /// Built-in maskers by name (`counters`, `ids` and the others the rule reference lists).
     pub mask: Vec<String>,
+    /// Extra regexes masked before results are compared.
     pub patterns: Vec<MaskPattern>,
+    /// Results that count as empty.
     pub empty_patterns: Vec<Regex>,
     /// Results without an error flag or exit code that still mean a failure.
     pub error_patterns: Vec<Regex>,
+    /// Failures that are worth retrying (rate limits, 5xx).
     pub retryable_patterns: Vec<Regex>,
+    /// Only this many bytes from each end of a result are normalized and hashed.
     pub max_bytes: usize,
 }
 
 /// How user messages change detection.
 #[derive(Clone, Debug)]
 pub struct User {
+    /// Messages asking for a repeat (`run it 3 times`).
     pub repeat_requests: Vec<Regex>,
+    /// Extra repeats tolerated after a repeat request that names no number (a number N allows N).
     pub repeat_allowance: u32,
     /// Messages asking to retry: the counts restart for good.
     pub retry_requests: Vec<Regex>,
@@ -295,11 +405,14 @@ pub struct User {
     pub automated_patterns: Vec<Regex>,
 }
 
+/// Event-time expiry and resets (`time`).
 #[derive(Clone, Debug)]
 pub struct Time {
     /// 0 means no expiry.
     pub ttl_seconds: u64,
+    /// A message from a person sets the calls before it aside until a repeated call's outcome shows whether it changed anything.
     pub reset_on_user_message: bool,
+    /// Sessions with no event for this many seconds are evicted.
     pub session_idle_seconds: u64,
 }
 
@@ -311,9 +424,13 @@ pub struct PluginSpec {
     pub path: std::path::PathBuf,
     /// The path as the policy wrote it.
     pub written_path: String,
+    /// The name used in verdicts; `None`: the plugin's own.
     pub name: Option<String>,
+    /// Whether the plugin is loaded and called.
     pub enabled: bool,
+    /// The ladder its detections go through; `None`: the policy's.
     pub ladder: Option<String>,
+    /// The configuration passed to the plugin, checked by the host against the plugin's schema.
     pub config: serde_json::Value,
     /// Where the `plugins:` entry is, for diagnostics about loading it.
     pub span: crate::node::Span,
@@ -328,21 +445,31 @@ pub struct PluginSpec {
 pub struct Config {
     /// Whether detection runs at all (a run-time setting; policies always enable it).
     pub enabled: bool,
+    /// How many recent events every detector reads.
     pub window_size: usize,
+    /// Event-time expiry and resets.
     pub time: Time,
+    /// How user messages change detection.
     pub user: User,
     /// The ladder used when neither category nor detector names one.
     pub ladder: String,
     /// Where a host that edits the conversation puts a warning for the model.
     pub nudge: Nudge,
+    /// Every ladder by name, built-in ones included.
     pub ladders: BTreeMap<String, Ladder>,
+    /// Categories in declaration order (the first matching pattern wins).
     pub categories: Vec<Category>,
     /// Single tools by exact name (the `tools` section).
     pub tools: BTreeMap<String, ToolSetting>,
+    /// Detector parameters for tools in no category.
     pub detectors: Detectors,
+    /// Which arguments identify a call.
     pub fingerprint: Fingerprint,
+    /// Shell-command normalization.
     pub shell: Shell,
+    /// What is masked before results are compared.
     pub results: Results,
+    /// Group (swarm) scope.
     pub group: Group,
 }
 
@@ -359,21 +486,19 @@ pub enum Nudge {
 /// Group (swarm) scope: one fingerprint repeated across the sessions of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Group {
+    /// Whether fingerprints are counted across the sessions of a group.
     pub enabled: bool,
+    /// A fingerprint seen this many times across the group is a group-wide loop.
     pub threshold: u32,
+    /// Only when at least this many different workers produced it.
     pub min_workers: u32,
+    /// The ladder for group-wide loops.
     pub ladder: String,
 }
 
 impl Config {
-    /// The category of a tool: the first declared category listing it, else the one named
-    /// `default`, else none (top-level detector parameters apply).
-    pub fn category_of(&self, tool: &str) -> Option<&Category> {
-        self.place_tool(tool).category
-    }
-
     /// The `tools` entry of a tool (by exact name; without case when tool names compare so).
-    pub fn tool_setting(&self, tool: &str) -> Option<&ToolSetting> {
+    pub(crate) fn tool_setting(&self, tool: &str) -> Option<&ToolSetting> {
         self.tools.get(tool).or_else(|| {
             self.fingerprint
                 .case_insensitive_tools
@@ -500,7 +625,7 @@ fn section<'a>(node: &'a Node, key: &str, fallback: &'a Node) -> &'a Node {
 
 impl Detectors {
     /// Drops every detector's own ladder choice, so the category's or the global one applies.
-    pub fn clear_ladders(&mut self) {
+    pub(crate) fn clear_ladders(&mut self) {
         self.exact_repeat.ladder = None;
         self.fuzzy_repeat.ladder = None;
         self.cycle.ladder = None;

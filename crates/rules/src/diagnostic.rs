@@ -13,11 +13,14 @@ use crate::node::{SourceId, Span};
 /// How serious a diagnostic is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
+    /// The policy loads; the finding is worth fixing.
     Warning,
+    /// The policy does not load.
     Error,
 }
 
 impl Severity {
+    /// The lowercase word shown in reports and JSON: `warning` or `error`.
     pub fn as_str(self) -> &'static str {
         match self {
             Severity::Warning => "warning",
@@ -29,6 +32,7 @@ impl Severity {
 /// One finding about a policy: what is wrong, where, and how to fix it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagnostic {
+    /// Whether it stops the policy from loading.
     pub severity: Severity,
     /// A stable identifier such as `unknown-key`.
     pub code: &'static str,
@@ -45,6 +49,7 @@ pub struct Diagnostic {
 }
 
 impl Diagnostic {
+    /// An error with `code` (a stable identifier such as `unknown-key`) at `span`.
     pub fn error(code: &'static str, span: Span, message: impl Into<String>) -> Self {
         Diagnostic {
             severity: Severity::Error,
@@ -57,6 +62,7 @@ impl Diagnostic {
         }
     }
 
+    /// A warning with `code` at `span`.
     pub fn warning(code: &'static str, span: Span, message: impl Into<String>) -> Self {
         Diagnostic {
             severity: Severity::Warning,
@@ -64,21 +70,25 @@ impl Diagnostic {
         }
     }
 
+    /// Adds how to fix it.
     pub fn with_help(mut self, help: impl Into<String>) -> Self {
         self.help = Some(help.into());
         self
     }
 
+    /// Adds the text shown under the underline.
     pub fn with_label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self
     }
 
-    pub fn with_focus(mut self, focus: impl Into<String>) -> Self {
+    /// Narrows the underline to this text inside the span, where it is found.
+    pub(crate) fn with_focus(mut self, focus: impl Into<String>) -> Self {
         self.focus = Some(focus.into());
         self
     }
 
+    /// Whether the severity is [`Severity::Error`].
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
@@ -91,9 +101,10 @@ pub struct Source {
     pub path: PathBuf,
     /// The name shown in reports.
     pub name: String,
+    /// The whole text as read.
     pub text: String,
     /// Whether diagnostics may quote the text: only files that declare themselves policies
-    /// (see [`declares_policy`]) are shown, so that a path to some other file (`extends:
+    /// (a top-level `version: N` line) are shown, so that a path to some other file (`extends:
     /// /proc/self/environ`, a key file) never puts its contents on the screen or in a log.
     pub quoted: bool,
 }
@@ -101,7 +112,7 @@ pub struct Source {
 /// Whether `text` declares itself a loopguard policy: it has a top-level `version: N` line.
 /// Every policy needs `version`, and other files (environment dumps, key files, `.env` files,
 /// JSON credentials) do not have such a line.
-pub fn declares_policy(text: &str) -> bool {
+pub(crate) fn declares_policy(text: &str) -> bool {
     text.trim_start_matches('\u{feff}').lines().any(|line| {
         let Some(rest) = line.strip_prefix("version") else {
             return false;
@@ -121,6 +132,7 @@ pub struct SourceMap {
 }
 
 impl SourceMap {
+    /// Records a file read while loading and returns its id for [`Span`]s.
     pub fn add(&mut self, path: &Path, text: String) -> SourceId {
         let id = SourceId(u32::try_from(self.sources.len()).unwrap_or(u32::MAX));
         self.sources.push(Source {
@@ -132,10 +144,12 @@ impl SourceMap {
         id
     }
 
+    /// The file with this id; `None` for an id from another map.
     pub fn get(&self, id: SourceId) -> Option<&Source> {
         self.sources.get(id.0 as usize)
     }
 
+    /// The id of the file read from `path` (compared as given, not canonicalized).
     pub fn find(&self, path: &Path) -> Option<SourceId> {
         self.sources
             .iter()
@@ -145,7 +159,7 @@ impl SourceMap {
     }
 
     /// The span of a diagnostic, narrowed to its focus text when that is found inside it.
-    pub fn span_of(&self, diag: &Diagnostic) -> Option<Span> {
+    pub(crate) fn span_of(&self, diag: &Diagnostic) -> Option<Span> {
         let span = diag.span?;
         let (Some(focus), Some(src)) = (&diag.focus, self.get(span.source)) else {
             return Some(span);
@@ -175,7 +189,7 @@ impl SourceMap {
     }
 
     /// `file:line:col` of a span.
-    pub fn location(&self, span: Span) -> String {
+    pub(crate) fn location(&self, span: Span) -> String {
         let name = self
             .get(span.source)
             .map_or("<unknown>", |s| s.name.as_str());
@@ -272,9 +286,9 @@ impl Rendered {
 }
 
 /// Longest line, in characters, that a snippet shows whole.
-pub const LONG_LINE: usize = 1_000;
+pub(crate) const LONG_LINE: usize = 1_000;
 /// Characters shown before the column on a line cut for a snippet (and twice that in all).
-pub const LONG_LINE_WINDOW: usize = 60;
+pub(crate) const LONG_LINE_WINDOW: usize = 60;
 
 /// The lines a snippet shows, cut from a source: the span's lines and one line of context on
 /// each side. A line longer than [`LONG_LINE`] is shown as a window around the column, so a
@@ -462,7 +476,7 @@ impl miette::Diagnostic for Rendered {
 }
 
 /// The nearest of `candidates` to `word`, when it is close enough to be a likely typo.
-pub fn did_you_mean<'a>(
+pub(crate) fn did_you_mean<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {

@@ -55,7 +55,6 @@ fn kind_schema(kind: &'static Kind) -> J {
     match kind {
         Kind::Bool => json!({"type": "boolean"}),
         Kind::Int { min, max } => json!({"type": "integer", "minimum": min, "maximum": max}),
-        Kind::Float { min, max } => json!({"type": "number", "minimum": min, "maximum": max}),
         Kind::Str => json!({"type": "string"}),
         Kind::Enum(words) => json!({"type": "string", "enum": words}),
         Kind::Regex => json!({"type": "string", "format": "regex"}),

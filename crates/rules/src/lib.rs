@@ -17,7 +17,9 @@
 //! assert_eq!(policy.base().detectors.exact_repeat.threshold, 4);
 //! ```
 
-pub mod check;
+#![warn(missing_docs)]
+
+pub(crate) mod check;
 pub mod config;
 pub mod diagnostic;
 pub mod generate;
@@ -30,5 +32,5 @@ pub mod tiers;
 
 pub use config::{Action, Category, Config, Detectors, Group, Ladder, Nudge, Step};
 pub use diagnostic::{Diagnostic, Severity, SourceMap};
-pub use policy::{DEFAULT_POLICY, LoadError, Loaded, Policy};
+pub use policy::{LoadError, Loaded, Policy};
 pub use tiers::{SettingError, SettingKey, Settings};

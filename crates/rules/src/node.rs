@@ -16,23 +16,28 @@ pub struct SourceId(pub u32);
 /// Where a node sits in its source: byte range plus 1-based line and column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Span {
+    /// The file, in the [`crate::SourceMap`] of the load.
     pub source: SourceId,
+    /// Start, in bytes from the beginning of the file.
     pub offset: usize,
+    /// Length in bytes; 0 for a point (a missing key is reported at its parent).
     pub len: usize,
+    /// 1-based line of `offset`.
     pub line: u32,
+    /// 1-based column of `offset`, in characters.
     pub column: u32,
 }
 
 /// One YAML node and where it came from.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Node {
+pub(crate) struct Node {
     pub value: Value,
     pub span: Span,
 }
 
 /// The value of a node.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     Null,
     Bool(bool),
     Int(i64),
@@ -45,7 +50,7 @@ pub enum Value {
 
 impl Value {
     /// A short name of the YAML type, as used in "expected X, found Y" messages.
-    pub fn type_name(&self) -> &'static str {
+    pub(crate) fn type_name(&self) -> &'static str {
         match self {
             Value::Null => "null",
             Value::Bool(_) => "a boolean",
@@ -66,14 +71,14 @@ impl Node {
         }
     }
 
-    pub fn as_map(&self) -> Option<&[(Node, Node)]> {
+    pub(crate) fn as_map(&self) -> Option<&[(Node, Node)]> {
         match &self.value {
             Value::Map(m) => Some(m),
             _ => None,
         }
     }
 
-    pub fn as_seq(&self) -> Option<&[Node]> {
+    pub(crate) fn as_seq(&self) -> Option<&[Node]> {
         match &self.value {
             Value::Seq(s) => Some(s),
             _ => None,
@@ -149,7 +154,7 @@ impl Node {
     }
 
     /// The text of a scalar node (for keys that are not strings).
-    pub fn scalar_text(&self) -> String {
+    pub(crate) fn scalar_text(&self) -> String {
         match &self.value {
             Value::Null => "null".into(),
             Value::Bool(b) => b.to_string(),

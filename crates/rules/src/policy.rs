@@ -14,11 +14,11 @@ use crate::schema::{Field, Kind, POLICY};
 use crate::semantic;
 
 /// Largest policy file accepted.
-pub const MAX_FILE_BYTES: usize = 1 << 20;
+pub(crate) const MAX_FILE_BYTES: usize = 1 << 20;
 /// Deepest nesting accepted in a policy file.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 /// Longest `extends` chain accepted.
-pub const MAX_EXTENDS: usize = 16;
+pub(crate) const MAX_EXTENDS: usize = 16;
 
 /// A policy could not be loaded at all (as opposed to loaded and found invalid).
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -26,8 +26,11 @@ pub const MAX_EXTENDS: usize = 16;
 pub enum LoadError {
     #[error("cannot read `{path}`: {source}")]
     #[diagnostic(code(loopguard::unreadable))]
+    /// The file could not be read (missing, unreadable, too large, not a regular file).
     Read {
+        /// The file as given.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
@@ -36,13 +39,16 @@ pub enum LoadError {
 /// A compiled policy: the effective configuration for every (backend, model).
 #[derive(Clone, Debug)]
 pub struct Policy {
+    /// The policy's `name`, or the file stem when it has none.
     pub name: String,
+    /// The policy's `description`; empty when it has none.
     pub description: String,
     /// The file it was loaded from, if any.
     pub path: Option<PathBuf>,
     root: Node,
     base: Config,
     overrides: Vec<Override>,
+    /// The detector plugins the policy names, in order (loaded by the host, not here).
     pub plugins: Vec<PluginSpec>,
 }
 
@@ -57,12 +63,16 @@ struct Override {
 /// needed to render them.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The policy; `None` when any diagnostic is an error.
     pub policy: Option<Policy>,
+    /// Every error and warning, in the order found.
     pub diagnostics: Vec<Diagnostic>,
+    /// The files read, to render `diagnostics` with [`SourceMap::render`].
     pub sources: SourceMap,
 }
 
 impl Loaded {
+    /// Whether any diagnostic is an error (then `policy` is `None`).
     pub fn has_errors(&self) -> bool {
         self.diagnostics.iter().any(Diagnostic::is_error)
     }
@@ -165,8 +175,6 @@ impl Policy {
         &self.base
     }
 
-    /// The effective configuration for a backend and model: every matching override is applied
-    /// over the policy, in order. Call once per session, not per event.
     /// The effective configuration for a backend and model with server-level settings (the
     /// `LOOPGUARD_*` tier) applied beneath the policy's overrides: a knob that a matching
     /// override sets keeps the override's value. An override counts as setting `max_repeats`
@@ -218,6 +226,8 @@ impl Policy {
             .collect()
     }
 
+    /// The effective configuration for a backend and model: every matching override is applied
+    /// over the policy, in order. Call once per session, not per event.
     pub fn resolve(&self, backend: Option<&str>, model: Option<&str>) -> Config {
         let matching = self.matching(backend, model);
         if matching.is_empty() {
@@ -237,11 +247,11 @@ impl Policy {
 }
 
 /// The text of `rules/default.yaml`, embedded so the engine and `loopctl` work from anywhere.
-pub const DEFAULT_POLICY: &str = include_str!("../../../rules/default.yaml");
+pub(crate) const DEFAULT_POLICY: &str = include_str!("../../../rules/default.yaml");
 
 /// The shipped policies (`rules/*.yaml`), embedded: `extends: builtin:NAME` names one from any
 /// directory. Inside them, relative `extends` (`default.yaml`) stay among the built-ins.
-pub const BUILTIN_POLICIES: &[(&str, &str)] = &[
+pub(crate) const BUILTIN_POLICIES: &[(&str, &str)] = &[
     ("default", DEFAULT_POLICY),
     ("strict", include_str!("../../../rules/strict.yaml")),
     ("lenient", include_str!("../../../rules/lenient.yaml")),
@@ -294,7 +304,7 @@ fn read_limited(path: &Path) -> Result<String, LoadError> {
 }
 
 /// Parses YAML text into a node tree, with limits against hostile input.
-pub fn parse_yaml(text: &str, source: SourceId) -> Result<Node, Box<Diagnostic>> {
+pub(crate) fn parse_yaml(text: &str, source: SourceId) -> Result<Node, Box<Diagnostic>> {
     let start = Span {
         source,
         offset: 0,
@@ -571,7 +581,7 @@ fn plugin_specs(root: &Node, path: &Path, sources: &SourceMap) -> Vec<PluginSpec
 }
 
 /// Every declared default, as a node tree.
-pub fn defaults() -> &'static Node {
+pub(crate) fn defaults() -> &'static Node {
     static DEFAULTS: OnceLock<Node> = OnceLock::new();
     DEFAULTS.get_or_init(|| section_defaults(POLICY))
 }

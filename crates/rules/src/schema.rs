@@ -6,17 +6,12 @@
 
 /// The type of a policy value.
 #[derive(Debug)]
-pub enum Kind {
+pub(crate) enum Kind {
     Bool,
     /// An integer in `min..=max`.
     Int {
         min: i64,
         max: i64,
-    },
-    /// A number in `min..=max`.
-    Float {
-        min: f64,
-        max: f64,
     },
     Str,
     /// One of a fixed set of words.
@@ -38,7 +33,7 @@ pub enum Kind {
 
 /// One key of a section.
 #[derive(Debug)]
-pub struct Field {
+pub(crate) struct Field {
     pub key: &'static str,
     pub kind: Kind,
     /// The default as YAML text; `None` when the key has no default (optional or required).
@@ -73,16 +68,16 @@ const fn req(key: &'static str, kind: Kind, doc: &'static str) -> Field {
 }
 
 /// The only policy format version this build understands.
-pub const FORMAT_VERSION: i64 = 1;
+pub(crate) const FORMAT_VERSION: i64 = 1;
 
 /// Actions a ladder step may take, mildest first.
-pub const ACTIONS: &[&str] = &["allow", "warn", "ask", "block", "terminate"];
+pub(crate) const ACTIONS: &[&str] = &["allow", "warn", "ask", "block", "terminate"];
 
 /// Where a host puts a warning for the model (`escalation.nudge`).
-pub const NUDGE_PLACES: &[&str] = &["context", "system"];
+pub(crate) const NUDGE_PLACES: &[&str] = &["context", "system"];
 
 /// Placeholders a message template may use.
-pub const PLACEHOLDERS: &[&str] = &[
+pub(crate) const PLACEHOLDERS: &[&str] = &[
     "tool",
     "count",
     "detector",
@@ -114,7 +109,7 @@ pub const DETECTOR_NAMES: &[&str] = &[
 ];
 
 /// Result maskers that can be listed in `results.mask`.
-pub const MASKERS: &[&str] = &[
+pub(crate) const MASKERS: &[&str] = &[
     "ansi",
     "timestamps",
     "uuids",
@@ -374,7 +369,7 @@ detector!(
 );
 
 /// Every detector, with its parameters.
-pub const DETECTORS: &[Field] = &[
+pub(crate) const DETECTORS: &[Field] = &[
     f(
         "exact_repeat",
         Kind::Section(EXACT_REPEAT),
@@ -933,7 +928,7 @@ const OVERRIDE: &[Field] = &[
 ];
 
 /// The top level of a policy file.
-pub const POLICY: &[Field] = &[
+pub(crate) const POLICY: &[Field] = &[
     req(
         "version",
         int(1, 1_000_000),
@@ -1038,25 +1033,11 @@ pub const POLICY: &[Field] = &[
     ),
 ];
 
-/// The fields of a section kind, if it is one.
-pub fn section_fields(kind: &Kind) -> Option<&'static [Field]> {
-    match kind {
-        Kind::Section(fields) => Some(fields),
-        _ => None,
-    }
-}
-
-/// Finds a field of `fields` by key.
-pub fn field<'a>(fields: &'a [Field], key: &str) -> Option<&'a Field> {
-    fields.iter().find(|f| f.key == key)
-}
-
 /// A human name of a kind, for "expected X" messages and the reference.
-pub fn kind_name(kind: &Kind) -> String {
+pub(crate) fn kind_name(kind: &Kind) -> String {
     match kind {
         Kind::Bool => "boolean".into(),
         Kind::Int { .. } => "integer".into(),
-        Kind::Float { .. } => "number".into(),
         Kind::Str => "string".into(),
         Kind::Enum(words) => words.join(" \\| "),
         Kind::Regex => "regex".into(),

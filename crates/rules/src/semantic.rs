@@ -12,7 +12,7 @@ const WINDOWED: &[&str] = &["exact_repeat", "fuzzy_repeat", "interleaved", "no_p
 const LARGE_WINDOW: i64 = 200;
 
 /// Rejects a format version this build does not know.
-pub fn check_version(file: &Node, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check_version(file: &Node, out: &mut Vec<Diagnostic>) {
     if let Some(v) = file.get("version")
         && let Value::Int(n) = v.value
         && n != FORMAT_VERSION

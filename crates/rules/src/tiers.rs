@@ -32,13 +32,18 @@ pub struct Settings {
 /// A key of [`Settings`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SettingKey {
+    /// [`Settings::enabled`].
     Enabled,
+    /// [`Settings::max_repeats`].
     MaxRepeats,
+    /// [`Settings::ttl_seconds`].
     TtlSeconds,
+    /// [`Settings::mode`].
     Mode,
 }
 
 impl SettingKey {
+    /// Every key, in the order they are listed to users.
     pub const ALL: [SettingKey; 4] = [
         SettingKey::Enabled,
         SettingKey::MaxRepeats,
@@ -47,7 +52,7 @@ impl SettingKey {
     ];
 
     /// The environment variable of this key.
-    pub fn env_var(self) -> &'static str {
+    pub(crate) fn env_var(self) -> &'static str {
         match self {
             SettingKey::Enabled => "LOOPGUARD_ENABLED",
             SettingKey::MaxRepeats => "LOOPGUARD_MAX_REPEATS",
@@ -66,6 +71,7 @@ impl SettingKey {
         }
     }
 
+    /// The key with this in-chat name (exact match), if any.
     pub fn from_chat_name(name: &str) -> Option<SettingKey> {
         SettingKey::ALL.into_iter().find(|k| k.chat_name() == name)
     }
@@ -75,8 +81,11 @@ impl SettingKey {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid value `{value}` for {name}: {expected}")]
 pub struct SettingError {
+    /// The setting as the user wrote it (an environment variable or in-chat name).
     pub name: String,
+    /// The rejected value, as given.
     pub value: String,
+    /// What would have been accepted, such as `expected true or false`.
     pub expected: String,
 }
 
@@ -171,6 +180,7 @@ impl Settings {
         }
     }
 
+    /// Whether no key is set.
     pub fn is_empty(&self) -> bool {
         *self == Settings::default()
     }

@@ -13,20 +13,26 @@ fn builtin_default_is_valid_and_has_no_warnings() {
     let cfg = policy.base();
     assert_eq!(cfg.window_size, 30);
     assert_eq!(
-        cfg.category_of("read_file").map(|c| c.name.as_str()),
-        Some("exploration")
-    );
-    assert_eq!(
-        cfg.category_of("mcp__github__read_issue")
+        cfg.place_tool("read_file")
+            .category
             .map(|c| c.name.as_str()),
         Some("exploration")
     );
     assert_eq!(
-        cfg.category_of("frobnicate").map(|c| c.name.as_str()),
+        cfg.place_tool("mcp__github__read_issue")
+            .category
+            .map(|c| c.name.as_str()),
+        Some("exploration")
+    );
+    assert_eq!(
+        cfg.place_tool("frobnicate")
+            .category
+            .map(|c| c.name.as_str()),
         Some("default")
     );
     assert_eq!(
-        cfg.category_of("read_file")
+        cfg.place_tool("read_file")
+            .category
             .map(|c| c.detectors.exact_repeat.threshold),
         Some(4)
     );

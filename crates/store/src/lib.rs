@@ -44,6 +44,7 @@
 //! store.clear_group("swarm-1");
 //! assert_eq!(store.tally("swarm-1", fingerprint).count, 0);
 //! ```
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod bounded;

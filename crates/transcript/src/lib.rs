@@ -14,6 +14,28 @@
 //! Messages carry no time; each event is placed one second after the previous one unless the
 //! message has a numeric `time` (seconds). Tool-call arguments that are not valid JSON are kept
 //! as raw text.
+//!
+//! ```
+//! use loopguard_transcript::{Format, Kind, parse};
+//!
+//! let text = r#"[
+//!   {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+//!     "function": {"name": "read_file", "arguments": "{\"path\": \"a.txt\"}"}}]},
+//!   {"role": "tool", "tool_call_id": "c1", "content": "hello"}
+//! ]"#;
+//! let transcript = parse(text).expect("valid messages");
+//! assert_eq!(transcript.format, Format::Messages);
+//! let Kind::Call { tool, .. } = &transcript.items[0].kind else {
+//!     panic!("a call first");
+//! };
+//! assert_eq!(tool, "read_file");
+//! assert!(matches!(&transcript.items[1].kind, Kind::Result { output, .. } if output == "hello"));
+//!
+//! let bad = parse("{\"type\": \"call\", \"tool\": 3}\n").unwrap_err();
+//! assert_eq!(bad.line, 1);
+//! ```
+
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::fmt;
@@ -27,7 +49,9 @@ pub type Line = usize;
 /// The format a transcript was read as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// loopguard events, one JSON object per line.
     Events,
+    /// OpenAI or Anthropic chat messages (an array, JSON Lines or a request body).
     Messages,
 }
 
@@ -43,7 +67,9 @@ impl fmt::Display for Format {
 /// Tool-call arguments as recorded.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Args {
+    /// Arguments that parsed as JSON.
     Json(Value),
+    /// Argument text that is not valid JSON, kept as written.
     Raw(String),
 }
 
@@ -55,7 +81,7 @@ impl Args {
         }
     }
 
-    /// A short one-line rendering for timelines.
+    /// A short one-line rendering for timelines: at most `max` characters (see [`shorten`]).
     pub fn summary(&self, max: usize) -> String {
         let text = match self {
             Args::Json(v) => v.to_string(),
@@ -65,7 +91,8 @@ impl Args {
     }
 }
 
-/// Cuts `text` to at most `max` characters on one line.
+/// Cuts `text` to at most `max` characters on one line: control characters (newlines
+/// included) become spaces, and a cut text ends with `…` (counted in `max`).
 pub fn shorten(text: &str, max: usize) -> String {
     let one_line: String = text
         .chars()
@@ -83,33 +110,52 @@ pub fn shorten(text: &str, max: usize) -> String {
 /// One event of a transcript, owning its text.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kind {
+    /// The assistant calls a tool.
     Call {
+        /// The call id that its result refers to; may be empty.
         id: String,
+        /// The tool's name.
         tool: String,
+        /// The arguments as recorded.
         arguments: Args,
     },
+    /// A tool's result.
     Result {
+        /// The id of the call it answers.
         id: String,
+        /// The result text.
         output: String,
+        /// Whether the result is flagged as an error.
         error: bool,
+        /// The exit code of a command, when the result has one.
         exit_code: Option<i32>,
     },
+    /// Assistant text.
     Text {
+        /// The text.
         text: String,
+        /// A streamed piece of a message rather than a whole message.
         chunk: bool,
+        /// The last piece of a streamed message.
         end: bool,
+        /// Reasoning (thinking) text rather than an answer.
         reasoning: bool,
         /// The text accompanies tool calls of the same assistant message.
         narration: bool,
     },
+    /// A user-role message.
     User {
+        /// The message text.
         text: String,
+        /// Sent by the host or a framework (a reminder beside tool results), not a person.
         injected: bool,
     },
+    /// The session starts over: everything before is forgotten.
     Reset,
 }
 
 impl Kind {
+    /// The event's `type` word: `call`, `result`, `text`, `user` or `reset`.
     pub fn name(&self) -> &'static str {
         match self {
             Kind::Call { .. } => "call",
@@ -121,21 +167,30 @@ impl Kind {
     }
 }
 
+/// One event of a transcript with where and when it happened.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Item {
+    /// The line it was read from.
     pub line: Line,
+    /// The session it belongs to (`main` when the transcript names none).
     pub session: String,
+    /// Event time in milliseconds: the recorded `time` (seconds), or one second after the
+    /// previous event (the first at 0).
     pub time_ms: u64,
     /// 1-based index of the assistant message this event belongs to (0 before the first).
     pub turn: u64,
+    /// What happened.
     pub kind: Kind,
 }
 
 /// A transcript that could not be read: the line and what is wrong.
 #[derive(Debug, PartialEq, Eq)]
 pub struct BadInput {
+    /// The 1-based line.
     pub line: Line,
+    /// The 1-based column, when the JSON parser reports one.
     pub column: Option<usize>,
+    /// What is wrong, one lowercase line.
     pub message: String,
 }
 
@@ -158,11 +213,14 @@ impl BadInput {
 }
 
 /// The session used for events that name none.
-pub const DEFAULT_SESSION: &str = "main";
+pub(crate) const DEFAULT_SESSION: &str = "main";
 
+/// A transcript read into events.
 #[derive(Debug)]
 pub struct Transcript {
+    /// The format it was recognised as.
     pub format: Format,
+    /// Every event, in order.
     pub items: Vec<Item>,
 }
 
