@@ -69,7 +69,10 @@ pub enum BuildError {
         "the policy names {count} plugin(s), but this engine is built without the `plugins` \
          feature: build with it, or call `without_plugins()` to run the built-in detectors only"
     )]
-    PluginsNotSupported { count: usize },
+    PluginsNotSupported {
+        /// How many enabled plugins the policy names.
+        count: usize,
+    },
 }
 
 #[cfg(feature = "plugins")]

@@ -62,6 +62,7 @@ pub struct CompiledRules {
 }
 
 impl CompiledRules {
+    /// Compiles a resolved configuration (regexes, tool decisions), with no plugins.
     pub fn new(config: Config) -> CompiledRules {
         CompiledRules {
             fingerprint: Arc::new(FingerprintRules::from_config(&config)),
@@ -105,6 +106,7 @@ impl CompiledRules {
         &self.plugins
     }
 
+    /// The configuration the rules were compiled from.
     pub fn config(&self) -> &Config {
         &self.config
     }

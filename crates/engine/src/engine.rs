@@ -167,6 +167,7 @@ impl Engine {
             .any(|p| p.plugin().has_background_work())
     }
 
+    /// The compiled rules of sessions with no settings of their own.
     pub fn rules(&self) -> &Arc<CompiledRules> {
         &self.rules
     }
@@ -386,6 +387,7 @@ impl Engine {
         self.get(id).map(|s| f(&lock(&s)))
     }
 
+    /// How many sessions the engine holds.
     pub fn session_count(&self) -> usize {
         self.shards
             .iter()

@@ -117,7 +117,6 @@ pub fn detector_ladder(d: &Detectors, det: Det) -> Option<&str> {
 #[derive(Clone, Copy, Debug)]
 pub struct Decision<'r> {
     pub detection: Detection,
-    pub repeat: u32,
     pub action: Action,
     pub ladder: &'r str,
     pub step: Option<(usize, &'r Step)>,
@@ -202,7 +201,6 @@ pub fn decide<'r>(
     let (name, step) = ladder_step(rules, category, own, repeat, flags);
     Some(Decision {
         detection: *d,
-        repeat,
         action: step.map_or(Action::Allow, |(_, s)| s.action),
         ladder: name,
         step,

@@ -1010,11 +1010,6 @@ pub fn file_of(rules: &FingerprintRules, tool: &ToolKeys, args: &Arguments<'_>) 
         .to_owned()
 }
 
-/// A key derived from another key and a detector tag, so loop keys of different kinds differ.
-pub fn tagged(key: u64, t: u64) -> u64 {
-    combine(key, t)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,17 +46,18 @@
 //! assert_eq!(third.detector.as_deref(), Some("exact_repeat"));
 //! assert_eq!(engine.observe(&call("c4", 30)).action, Action::Block);
 //! ```
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod builder;
-pub mod compiled;
-pub mod detect;
+pub(crate) mod compiled;
+pub(crate) mod detect;
 pub mod engine;
-pub mod escalation;
+pub(crate) mod escalation;
 pub mod event;
-pub mod fingerprint;
+pub(crate) mod fingerprint;
 mod hash;
-pub mod normalize;
+pub(crate) mod normalize;
 pub mod plugins;
 pub mod session;
 pub mod snapshot;

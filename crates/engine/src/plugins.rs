@@ -105,6 +105,7 @@ pub(crate) struct PluginDecision<'r> {
 }
 
 impl Plugins {
+    /// No plugin runs.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -135,6 +135,7 @@ struct Armed {
 }
 
 impl Session {
+    /// A session with no history, judged by `rules`.
     pub fn new(rules: Arc<CompiledRules>) -> Session {
         Session {
             rules,

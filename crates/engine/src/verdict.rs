@@ -21,6 +21,7 @@ pub struct CallRef {
 /// An `allow` verdict carries no message and no calls, and building it allocates nothing.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Verdict {
+    /// What the host should do.
     pub action: Action,
     /// The rendered message for the model or user (empty for `allow`).
     pub message: String,
@@ -57,10 +58,12 @@ pub struct Note {
 }
 
 impl Verdict {
+    /// Run the call; nothing to say.
     pub fn allow() -> Verdict {
         Verdict::default()
     }
 
+    /// Whether the verdict is `allow`.
     pub fn is_allow(&self) -> bool {
         self.action == Action::Allow
     }

@@ -5,10 +5,13 @@
 //! one pass over the window; the one-detector functions give the same answers one at a time.
 
 use loopguard_rules::Detectors;
-use loopguard_rules::config::{Cycle, ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
+use loopguard_rules::config::Cycle;
+#[cfg(test)]
+use loopguard_rules::config::{ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
 
 use super::{Det, Detection, Involved, Record, Window, flag, needed};
 
+#[cfg(test)]
 /// Counts the current call plus earlier matching calls. Retried calls after a retryable error
 /// are skipped; with `reset`, a repeat whose result differs from the next one ends the count.
 fn repeat_count(
@@ -51,6 +54,7 @@ fn repeat_count(
     Some((count, start))
 }
 
+#[cfg(test)]
 pub fn exact_repeat(w: &Window<'_>, p: &ExactRepeat, allowance: u32) -> Option<Detection> {
     let cur = w.get(0)?;
     if !p.enabled || cur.has(flag::WAIT) {
@@ -71,6 +75,7 @@ pub fn exact_repeat(w: &Window<'_>, p: &ExactRepeat, allowance: u32) -> Option<D
     })
 }
 
+#[cfg(test)]
 pub fn fuzzy_repeat(w: &Window<'_>, p: &FuzzyRepeat, allowance: u32) -> Option<Detection> {
     let cur = w.get(0)?;
     if !p.enabled || cur.has(flag::WAIT) {
@@ -225,6 +230,7 @@ pub fn failing_cycle(w: &Window<'_>, k: usize, p: &Cycle, allowance: u32) -> Opt
     None
 }
 
+#[cfg(test)]
 pub fn interleaved(w: &Window<'_>, p: &Interleaved, allowance: u32) -> Option<Detection> {
     let cur = w.get(0)?;
     if !p.enabled || cur.has(flag::WAIT) {
@@ -265,6 +271,7 @@ pub fn interleaved(w: &Window<'_>, p: &Interleaved, allowance: u32) -> Option<De
     })
 }
 
+#[cfg(test)]
 /// `unknown`: the tool is not among the known tools, or a result said it does not exist.
 pub fn unknown_tool(w: &Window<'_>, p: &UnknownTool, unknown: bool) -> Option<Detection> {
     let cur = w.get(0)?;

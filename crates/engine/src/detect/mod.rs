@@ -194,10 +194,6 @@ impl<'a> Window<'a> {
         self.live
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.live == 0
-    }
-
     /// The k-th newest live record (0 = newest).
     pub fn get(&self, k: usize) -> Option<&'a Record> {
         if k >= self.live {
