@@ -18,87 +18,109 @@ use loopguard_engine::store::{RedisConfig, RedisStore};
 use loopguard_engine::{Arguments, Call, Engine, Event, Settings, Text, ToolResult};
 
 fn call_event(c: &mut Criterion) {
-    let engine = default_engine();
     let calls = distinct_calls(64);
     let mean_len: usize = calls.iter().map(|(_, a)| args_len(a)).sum::<usize>() / calls.len();
     assert!(
         (150..=260).contains(&mean_len),
         "arguments are ~200 bytes, got {mean_len}"
     );
+    let texts: Vec<String> = calls.iter().map(|(_, a)| a.to_string()).collect();
     let ids: Vec<String> = (0..calls.len()).map(|i| format!("call_{i}")).collect();
-    // Warm the session so the window is full: steady state.
-    let mut t = 0u64;
-    for _ in 0..4 {
-        for (i, (tool, args)) in calls.iter().enumerate() {
-            t += 1000;
-            engine.observe(&Event::Call(Call {
-                session: "bench",
-                call_id: &ids[i],
-                tool,
-                arguments: Arguments::Json(args),
-                time_ms: t,
-            }));
-        }
-    }
-    let mut i = 0usize;
-    c.bench_function("observe/call_event_default_policy_200B_args", |b| {
-        b.iter(|| {
-            let (tool, args) = &calls[i % calls.len()];
-            t += 1000;
-            let v = engine.observe(&Event::Call(Call {
-                session: "bench",
-                call_id: &ids[i % calls.len()],
-                tool,
-                arguments: Arguments::Json(args),
-                time_ms: t,
-            }));
-            i += 1;
-            black_box(v)
-        })
-    });
-}
-
-fn result_event(c: &mut Criterion) {
-    let engine = default_engine();
-    let output = big_output(64 * 1024);
-    let calls = distinct_calls(64);
-    let mut group = c.benchmark_group("observe");
-    group.throughput(Throughput::Bytes(output.len() as u64));
-    let ids: Vec<String> = (0..calls.len()).map(|k| format!("r{k}")).collect();
-    let mut i = 0usize;
-    let mut t = 0u64;
-    // Each result answers the call made just before it, as in a real loop, so it always finds
-    // its call in the window and the whole output is masked and hashed. Only the result is
-    // timed (one `Instant` pair per event, ~25 ns of the figure).
-    group.bench_function("result_event_64KiB_output", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let (tool, args) = &calls[i % calls.len()];
-                let id = &ids[i % ids.len()];
+    // Parsed arguments (a host holding `serde_json::Value`s) and the same arguments as the
+    // model's raw text (what the proxy and most hosts hold).
+    for raw in [false, true] {
+        let engine = default_engine();
+        let args = |i: usize| {
+            if raw {
+                Arguments::Raw(&texts[i])
+            } else {
+                Arguments::Json(&calls[i].1)
+            }
+        };
+        // Warm the session so the window is full: steady state.
+        let mut t = 0u64;
+        for _ in 0..4 {
+            for (i, (tool, _)) in calls.iter().enumerate() {
                 t += 1000;
                 engine.observe(&Event::Call(Call {
                     session: "bench",
-                    call_id: id,
+                    call_id: &ids[i],
                     tool,
-                    arguments: Arguments::Json(args),
+                    arguments: args(i),
+                    time_ms: t,
+                }));
+            }
+        }
+        let mut i = 0usize;
+        let name = if raw {
+            "observe/call_event_default_policy_200B_raw_args"
+        } else {
+            "observe/call_event_default_policy_200B_args"
+        };
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let k = i % calls.len();
+                t += 1000;
+                let v = engine.observe(&Event::Call(Call {
+                    session: "bench",
+                    call_id: &ids[k],
+                    tool: &calls[k].0,
+                    arguments: args(k),
                     time_ms: t,
                 }));
                 i += 1;
-                let start = Instant::now();
-                black_box(engine.observe(&Event::Result(ToolResult {
-                    session: "bench",
-                    call_id: id,
-                    output: &output,
-                    is_error: false,
-                    exit_code: Some(0),
-                    time_ms: t + 10,
-                })));
-                total += start.elapsed();
-            }
-            total
-        })
-    });
+                black_box(v)
+            })
+        });
+    }
+}
+
+fn result_event(c: &mut Criterion) {
+    let calls = distinct_calls(64);
+    let mut group = c.benchmark_group("observe");
+    for (size, name) in [
+        (1024, "result_event_1KiB_output"),
+        (64 * 1024, "result_event_64KiB_output"),
+    ] {
+        let engine = default_engine();
+        let output = big_output(size);
+        group.throughput(Throughput::Bytes(output.len() as u64));
+        let ids: Vec<String> = (0..calls.len()).map(|k| format!("r{k}")).collect();
+        let mut i = 0usize;
+        let mut t = 0u64;
+        // Each result answers the call made just before it, as in a real loop, so it always finds
+        // its call in the window and the whole output is masked and hashed. Only the result is
+        // timed (one `Instant` pair per event, ~25 ns of the figure).
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let (tool, args) = &calls[i % calls.len()];
+                    let id = &ids[i % ids.len()];
+                    t += 1000;
+                    engine.observe(&Event::Call(Call {
+                        session: "bench",
+                        call_id: id,
+                        tool,
+                        arguments: Arguments::Json(args),
+                        time_ms: t,
+                    }));
+                    i += 1;
+                    let start = Instant::now();
+                    black_box(engine.observe(&Event::Result(ToolResult {
+                        session: "bench",
+                        call_id: id,
+                        output: &output,
+                        is_error: false,
+                        exit_code: Some(0),
+                        time_ms: t + 10,
+                    })));
+                    total += start.elapsed();
+                }
+                total
+            })
+        });
+    }
     group.finish();
 }
 

@@ -5,7 +5,7 @@
 //!
 //! Run: `cargo test -p loopguard-benches --test memory -- --nocapture`
 
-use loopguard_benches::{default_engine, distinct_calls};
+use loopguard_benches::{big_output, default_engine, distinct_calls};
 use loopguard_engine::{Arguments, Call, Event, ToolResult};
 
 /// Both checks run in one test: the counters are process-wide and tests run on threads.
@@ -14,8 +14,25 @@ fn steady_state_allocations_and_session_memory() {
     let engine = default_engine();
     let calls = distinct_calls(64);
     let ids: Vec<String> = (0..calls.len()).map(|i| format!("call_{i}")).collect();
+    // The same arguments as raw text too (what a proxy holds), some with escapes.
+    let texts: Vec<String> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (_, a))| {
+            let mut a = a.clone();
+            if i % 2 == 0 {
+                a["pattern"] = format!("fn \"quoted\"\n\tvalidate_{i}").into();
+            }
+            a.to_string()
+        })
+        .collect();
+    // Short outputs, and build logs of 1 KiB and 64 KiB.
     let outputs: Vec<String> = (0..calls.len())
-        .map(|i| format!("ok: {i} lines\n"))
+        .map(|i| match i % 8 {
+            3 => big_output(1024),
+            7 => big_output(64 * 1024),
+            _ => format!("ok: {i} lines\n"),
+        })
         .collect();
     let mut t = 0u64;
     let mut feed = |session: &str, rounds: usize, with_results: bool| {
@@ -26,7 +43,11 @@ fn steady_state_allocations_and_session_memory() {
                     session,
                     call_id: &ids[i],
                     tool,
-                    arguments: Arguments::Json(args),
+                    arguments: if i % 2 == 0 {
+                        Arguments::Raw(&texts[i])
+                    } else {
+                        Arguments::Json(args)
+                    },
                     time_ms: t,
                 }));
                 if with_results {
@@ -50,7 +71,8 @@ fn steady_state_allocations_and_session_memory() {
     println!("steady state: {allocs} allocations over {events} call+result events");
     assert_eq!(
         allocs, 0,
-        "call and result events allocate nothing in steady state"
+        "call and result events (raw or parsed arguments, outputs up to 64 KiB) allocate \
+         nothing in steady state"
     );
 
     // State kept per session after a full default window of calls and results, averaged over

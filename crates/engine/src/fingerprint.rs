@@ -19,6 +19,8 @@ use serde_json::{Map, Number, Value};
 use crate::event::Arguments;
 use crate::hash::{combine, hash_bytes, mix, tag};
 
+mod raw;
+
 /// Canonicalization settings, compiled once from the policy.
 #[derive(Clone, Debug)]
 pub struct FingerprintRules {
@@ -154,6 +156,18 @@ pub struct CallKeys {
     /// A shell command that changes files or the environment (`shell.modify_commands`, or a
     /// write with `>`).
     pub modify: bool,
+    /// The arguments ask an editing tool only to look (`"command": "view"`): such a call
+    /// changes nothing.
+    pub read_only: bool,
+}
+
+/// Whether a top-level argument asks an editing tool only to look (`command: view`,
+/// `action: read`, …).
+fn looks_read_only_member(k: &str, v: &str) -> bool {
+    matches!(k, "command" | "action" | "mode" | "operation")
+        && ["view", "read", "list", "show", "get", "cat", "open"]
+            .iter()
+            .any(|w| v.eq_ignore_ascii_case(w))
 }
 
 const READ_TOOLS: &[&str] = &[
@@ -571,22 +585,31 @@ impl FingerprintRules {
     pub fn keys(&self, tool: &ToolKeys, args: &Arguments<'_>, test_commands: &[Regex]) -> CallKeys {
         match args {
             Arguments::Json(v) => self.keys_of_value(tool, v, test_commands),
-            Arguments::Raw(s) => match serde_json::from_str::<Value>(s) {
-                Ok(v) => self.keys_of_value(tool, &v, test_commands),
-                Err(_) => {
-                    let text = self.text_hash(s, false);
-                    let exact = mix(tool.tool_hash, mix(tag::RAW, text));
-                    let mut keys = CallKeys {
-                        exact,
-                        fuzzy: exact,
-                        ..CallKeys::default()
-                    };
-                    if tool.shell {
-                        self.shell_keys(tool, s, Some(text), &mut keys, test_commands);
-                    }
-                    keys
-                }
+            Arguments::Raw(s) => match self.keys_of_raw(tool, s, test_commands) {
+                Some(keys) => keys,
+                None => self.keys_of_parsed_text(tool, s, test_commands),
             },
+        }
+    }
+
+    /// The keys of raw arguments the scanner left to the parser.
+    #[cold]
+    fn keys_of_parsed_text(&self, tool: &ToolKeys, s: &str, test_commands: &[Regex]) -> CallKeys {
+        match serde_json::from_str::<Value>(s) {
+            Ok(v) => self.keys_of_value(tool, &v, test_commands),
+            Err(_) => {
+                let text = self.text_hash(s, false);
+                let exact = mix(tool.tool_hash, mix(tag::RAW, text));
+                let mut keys = CallKeys {
+                    exact,
+                    fuzzy: exact,
+                    ..CallKeys::default()
+                };
+                if tool.shell {
+                    self.shell_keys(tool, s, Some(text), &mut keys, test_commands);
+                }
+                keys
+            }
         }
     }
 
@@ -608,8 +631,14 @@ impl FingerprintRules {
         // The path of a read-tool call whose only primary argument is the path.
         let mut only_path = tool.read_tool;
         let mut path: Option<&str> = None;
+        let mut read_only = false;
         for (k, x) in map {
             let kh = key_hash(k);
+            if let Value::String(s) = x
+                && looks_read_only_member(k, s)
+            {
+                read_only = true;
+            }
             let role = tool.role(kh, k);
             let is_command = match role.command {
                 Some(pos) if command.is_none_or(|c| pos < c.pos) => {
@@ -664,6 +693,7 @@ impl FingerprintRules {
         let mut keys = CallKeys {
             exact,
             fuzzy: exact,
+            read_only,
             ..CallKeys::default()
         };
         if let Some(c) = command
@@ -1194,7 +1224,218 @@ mod tests {
         }
     }
 
+    /// Keys with every role: primary, path, command, volatile, read-only, and none.
+    const ARB_KEYS: &[&str] = &[
+        "path",
+        "file",
+        "file_path",
+        "filename",
+        "command",
+        "cmd",
+        "script",
+        "input",
+        "pattern",
+        "query",
+        "url",
+        "offset",
+        "request_id",
+        "id",
+        "action",
+        "mode",
+        "x",
+        "cwd",
+        "nested_dir",
+    ];
+
+    /// Strings that exercise canonical forms, escapes, URLs, paths and shell commands.
+    fn arb_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z ]{0,12}",
+            "[ -~]{0,24}",
+            "[\\\\/\"\t\n\r\u{0}-\u{1f}a é€😀]{0,16}",
+            Just("view".to_owned()),
+            Just("https://h/x?_ts=1&a=2#f".to_owned()),
+            Just(".//src\\\\a.rs ".to_owned()),
+            Just("cat   src/a.rs".to_owned()),
+            Just("cargo test -p x && echo > out".to_owned()),
+        ]
+    }
+
+    /// Numbers of every shape `serde_json` reads differently.
+    fn arb_number() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| format!("{f:e}")),
+            any::<f32>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| f.to_string()),
+            Just("-0".to_owned()),
+            Just("1.0".to_owned()),
+            Just("1E2".to_owned()),
+            Just("12345678901234567890123".to_owned()),
+            Just("-9223372036854775809".to_owned()),
+            Just("18446744073709551616".to_owned()),
+            Just("1e400".to_owned()),
+        ]
+    }
+
+    /// JSON text, written as a model might write it: any member order, duplicate keys,
+    /// whitespace, `\u` escapes, and numbers in every form.
+    fn arb_json_text() -> impl Strategy<Value = String> {
+        let string = (arb_text(), any::<bool>()).prop_map(|(s, ascii)| {
+            if ascii {
+                // Every non-ASCII character (and `/`) as a `\u` escape.
+                let mut out = String::from("\"");
+                for ch in s.chars() {
+                    match ch {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        '/' => out.push_str("\\/"),
+                        c if (c as u32) < 0x20 || !c.is_ascii() => {
+                            let mut units = [0u16; 2];
+                            for u in c.encode_utf16(&mut units) {
+                                out.push_str(&format!("\\u{u:04X}"));
+                            }
+                        }
+                        c => out.push(c),
+                    }
+                }
+                out.push('"');
+                out
+            } else {
+                serde_json::to_string(&s).unwrap()
+            }
+        });
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("false".to_owned()),
+            arb_number(),
+            string,
+        ];
+        let ws = prop_oneof![Just(""), Just(" "), Just("\n\t "), Just("\r\n")];
+        let value = leaf.prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec((inner.clone(), ws.clone()), 0..4).prop_map(|items| {
+                    let body: Vec<String> = items
+                        .into_iter()
+                        .map(|(v, w)| format!("{w}{v}{w}"))
+                        .collect();
+                    format!("[{}]", body.join(","))
+                }),
+                prop::collection::vec((prop::sample::select(ARB_KEYS), inner, ws.clone()), 0..5)
+                    .prop_map(|members| {
+                        let body: Vec<String> = members
+                            .into_iter()
+                            .map(|(k, v, w)| format!("{w}\"{k}\"{w}:{w}{v}"))
+                            .collect();
+                        format!("{{{}}}", body.join(","))
+                    }),
+            ]
+        });
+        // Arguments are mostly objects: make the top level one most of the time.
+        prop_oneof![
+            3 => prop::collection::vec((prop::sample::select(ARB_KEYS), value.clone()), 0..7)
+                .prop_map(|members| {
+                    let body: Vec<String> =
+                        members.into_iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+                    format!("{{{}}}", body.join(", "))
+                }),
+            1 => value,
+        ]
+    }
+
+    /// The keys of raw text through the parser only, as before the scanner.
+    fn parsed_keys(f: &FingerprintRules, t: &ToolKeys, s: &str, tests: &[Regex]) -> CallKeys {
+        f.keys_of_parsed_text(t, s, tests)
+    }
+
+    const ARB_TOOLS: &[&str] = &["bash", "read_file", "str_replace_editor", "grep", "x"];
+
+    #[test]
+    fn raw_scan_handles_what_it_should() {
+        // The common shapes are scanned, not parsed: the scanner answers for them.
+        let (c, f) = rules();
+        let t = f.tool_keys(c, "bash");
+        let tests = &c.detectors.test_fix.test_commands;
+        for s in [
+            r#"{"command": "ls -la \"my dir\"\n", "timeout": 30}"#,
+            r#"{"path": "src/a.rs", "offset": 10, "limit": 2.5e1, "flags": [true, null]}"#,
+            r#"{"q": "caf\u00e9 \ud83d\ude00", "nested": {"a": {"b": [1, -2, 0.5]}}}"#,
+        ] {
+            assert!(f.keys_of_raw(&t, s, tests).is_some(), "{s}");
+        }
+        // What it leaves to the parser.
+        for s in [
+            r#"{"a": 1, "a": 2}"#,
+            r#"{"\u0061": 1}"#,
+            r#"{"command": ["bash", "-lc", "ls"]}"#,
+            r#"{"a": "\ud800"}"#,
+            "{\"a\": \"tab\there\"}",
+            r#"{"a": 01}"#,
+            r#"{"a": 1} x"#,
+            "not json",
+            "",
+        ] {
+            assert!(f.keys_of_raw(&t, s, tests).is_none(), "{s}");
+        }
+    }
+
     proptest! {
+        /// Raw arguments give the keys the parsed path gives, for any JSON text, for every
+        /// kind of tool.
+        #[test]
+        fn raw_and_parsed_arguments_give_the_same_keys(s in arb_json_text()) {
+            let (c, f) = rules();
+            let tests = &c.detectors.test_fix.test_commands;
+            for tool in ARB_TOOLS {
+                let t = f.tool_keys(c, tool);
+                let raw = f.keys(&t, &Arguments::Raw(&s), tests);
+                prop_assert_eq!(raw, parsed_keys(f, &t, &s, tests), "tool {} text {}", tool, s);
+                if let Ok(v) = serde_json::from_str::<Value>(&s) {
+                    prop_assert_eq!(raw, f.keys(&t, &Arguments::Json(&v), tests));
+                }
+            }
+        }
+
+        /// The same for text that is mostly not JSON: JSON text with bytes dropped, doubled
+        /// or inserted.
+        #[test]
+        fn raw_and_parsed_agree_on_damaged_text(
+            s in arb_json_text(),
+            cuts in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(&["", "\"", "\\", ",", "}", "]", "{", "\\u", "0", " ", "\u{1}", "e"][..])), 1..4),
+        ) {
+            let mut s = s;
+            for (at, ins) in cuts {
+                let mut i = at.index(s.len() + 1);
+                while !s.is_char_boundary(i) {
+                    i -= 1;
+                }
+                if ins.is_empty() && i < s.len() {
+                    let mut j = i + 1;
+                    while !s.is_char_boundary(j) {
+                        j += 1;
+                    }
+                    s.replace_range(i..j, "");
+                } else {
+                    s.insert_str(i, ins);
+                }
+            }
+            let (c, f) = rules();
+            let tests = &c.detectors.test_fix.test_commands;
+            for tool in ARB_TOOLS {
+                let t = f.tool_keys(c, tool);
+                prop_assert_eq!(
+                    f.keys(&t, &Arguments::Raw(&s), tests),
+                    parsed_keys(f, &t, &s, tests),
+                    "tool {} text {}", tool, s
+                );
+            }
+        }
+
         /// Raw arguments of any shape fingerprint without panicking, for any tool kind.
         #[test]
         fn raw_arguments_never_panic(s in "[ -~\\\\é€]{0,60}") {

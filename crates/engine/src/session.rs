@@ -399,7 +399,7 @@ impl Session {
             (keys.file_op, flag::FILE_OP),
             (tool.keys.shell, flag::SHELL),
             (
-                keys.modify || (tool.modifies && !read_only(&c.arguments)),
+                keys.modify || (tool.modifies && !keys.read_only),
                 flag::MODIFY,
             ),
         ] {
@@ -991,28 +991,6 @@ fn drop_exempt(tool: &crate::compiled::ToolInfo, cands: &mut [Option<Detection>]
     if tool.exempt != 0 {
         for d in cands {
             *d = d.filter(|d| tool.watched_by(d.det));
-        }
-    }
-}
-
-/// A call of an editing tool that only looks (`str_replace_editor` with `command: view`): it
-/// changes nothing, so it is no evidence of progress.
-fn read_only(args: &crate::event::Arguments<'_>) -> bool {
-    fn looks(v: &serde_json::Value) -> bool {
-        ["command", "action", "mode", "operation"].iter().any(|k| {
-            v.get(k)
-                .and_then(serde_json::Value::as_str)
-                .is_some_and(|s| {
-                    ["view", "read", "list", "show", "get", "cat", "open"]
-                        .iter()
-                        .any(|w| s.eq_ignore_ascii_case(w))
-                })
-        })
-    }
-    match args {
-        crate::event::Arguments::Json(v) => looks(v),
-        crate::event::Arguments::Raw(s) => {
-            serde_json::from_str::<serde_json::Value>(s).is_ok_and(|v| looks(&v))
         }
     }
 }

@@ -1,0 +1,533 @@
+//! Fingerprints of arguments given as JSON text (what a model writes and a proxy forwards),
+//! computed while the text is scanned: no `serde_json::Value` is built and, once the
+//! per-thread buffers have grown, nothing is allocated.
+//!
+//! The keys are the ones the parsed path ([`FingerprintRules::keys`] with
+//! [`Arguments::Json`]) gives for the same text, bit for bit: strings are hashed through the
+//! same canonical forms, numbers through the same [`Number`] values, and object members are
+//! summed, so their order does not matter. What the scanner does not settle exactly as
+//! `serde_json` would — duplicate or escaped keys, objects of many members, deep nesting, a
+//! shell command given as an argument vector, a policy that keeps key order, text that is not
+//! JSON at all — makes it answer `None`, and the caller parses the text instead.
+
+use std::cell::RefCell;
+
+use regex::Regex;
+use serde_json::Number;
+
+use super::{
+    CallKeys, FingerprintRules, HI, LO, PATH_KEYS, ToolKeys, combine, eq_bytes, is_path_key,
+    key_hash, looks_read_only_member, number_bits,
+};
+use crate::hash::{mix, tag};
+
+/// Objects with more members than this are left to the parser (the duplicate-key check keeps
+/// the member hashes of one object on the stack).
+const MAX_MEMBERS: usize = 32;
+/// Nesting deeper than this is left to the parser (which has its own limit).
+const MAX_DEPTH: u32 = 64;
+/// Decoded-string buffers larger than this are not kept.
+const DECODED_KEEP: usize = 1 << 16;
+
+thread_local! {
+    /// Where strings with escapes are decoded before hashing.
+    static DECODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Where a string's contents are: in the text itself (no escapes) or decoded into the buffer.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    Text(usize, usize),
+    Decoded(usize, usize),
+}
+
+/// A top-level member's value, as far as the shell command, the read-tool path and the
+/// read-only check need to know it.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Str(Src),
+    Null,
+    Array,
+    Other,
+}
+
+struct Scanner<'a> {
+    s: &'a str,
+    b: &'a [u8],
+    i: usize,
+    /// Decoded strings of this call; a string decoded for a member that is kept (the command,
+    /// a path) stays until the call's keys are made.
+    dec: &'a mut Vec<u8>,
+}
+
+impl FingerprintRules {
+    /// The keys of raw JSON arguments, or `None` when the text must be parsed (see the module
+    /// docs).
+    pub(super) fn keys_of_raw(
+        &self,
+        tool: &ToolKeys,
+        s: &str,
+        test_commands: &[Regex],
+    ) -> Option<CallKeys> {
+        if !self.sort_keys {
+            return None;
+        }
+        DECODED.with(|cell| {
+            let mut buf = cell.try_borrow_mut().ok()?;
+            buf.clear();
+            let out = Scanner {
+                s,
+                b: s.as_bytes(),
+                i: 0,
+                dec: &mut buf,
+            }
+            .call(self, tool, test_commands);
+            if buf.capacity() > DECODED_KEEP {
+                *buf = Vec::new();
+            }
+            out
+        })
+    }
+}
+
+impl<'a> Scanner<'a> {
+    fn ws(&mut self) {
+        while let Some(&c) = self.b.get(self.i) {
+            if matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
+                self.i += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    /// Whether only whitespace is left.
+    fn at_end(&mut self) -> bool {
+        self.ws();
+        self.i == self.b.len()
+    }
+
+    fn str_of(&self, src: Src) -> Option<&str> {
+        match src {
+            Src::Text(a, z) => self.s.get(a..z),
+            Src::Decoded(a, z) => std::str::from_utf8(self.dec.get(a..z)?).ok(),
+        }
+    }
+
+    fn call(mut self, f: &FingerprintRules, tool: &ToolKeys, tests: &[Regex]) -> Option<CallKeys> {
+        self.ws();
+        if self.peek() != Some(b'{') {
+            let v = self.value(f, tool, false, 0)?;
+            if !self.at_end() {
+                return None;
+            }
+            let exact = mix(tool.tool_hash, v);
+            return Some(CallKeys {
+                exact,
+                fuzzy: exact,
+                ..CallKeys::default()
+            });
+        }
+        self.i += 1;
+        let mut seen = [0u64; MAX_MEMBERS];
+        let mut n = 0usize;
+        let mut exact_acc = 0u64;
+        let mut fuzzy_acc = 0u64;
+        let mut any_primary = false;
+        let mut read_only = false;
+        // The shell command: its key's position among the command keys, its value, and its
+        // text hash when computed.
+        let mut command: Option<(usize, Kind, Option<u64>)> = None;
+        // Primary members with a path key (read tools only): the parsed path visits members
+        // in key order and takes the first such path, so they are ordered after the scan.
+        let mut paths: [(&str, Kind); PATH_KEYS.len()] = [("", Kind::Null); PATH_KEYS.len()];
+        let mut n_paths = 0usize;
+        let mut only_path = tool.read_tool;
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+        } else {
+            loop {
+                self.ws();
+                let k = self.key()?;
+                let kh = key_hash(k);
+                if seen[..n].contains(&kh) || n == MAX_MEMBERS {
+                    return None;
+                }
+                seen[n] = kh;
+                n += 1;
+                self.ws();
+                if self.peek() != Some(b':') {
+                    return None;
+                }
+                self.i += 1;
+                self.ws();
+                let role = tool.role(kh, k);
+                let path_key = is_path_key(k);
+                // The member's value hash and, for a string, its bare text hash.
+                let (kind, value, text) = match self.peek()? {
+                    b'"' => {
+                        let src = self.string()?;
+                        let text = f.text_hash(self.str_of(src)?, path_key);
+                        (Kind::Str(src), mix(tag::STRING, text), Some(text))
+                    }
+                    b'n' => (Kind::Null, self.value(f, tool, false, 0)?, None),
+                    b'[' if role.command.is_some() => return None,
+                    b'[' => (Kind::Array, self.value(f, tool, path_key, 0)?, None),
+                    _ => (Kind::Other, self.value(f, tool, false, 0)?, None),
+                };
+                if let Kind::Str(src) = kind
+                    && looks_read_only_member(k, self.str_of(src)?)
+                {
+                    read_only = true;
+                }
+                if let Some(pos) = role.command
+                    && command.is_none_or(|c| pos < c.0)
+                {
+                    // The text hash serves the shell keys only when it was made as a plain
+                    // (non-path) string of a member that counts.
+                    let text = text.filter(|_| !role.volatile && !path_key);
+                    command = Some((pos, kind, text));
+                }
+                if only_path && role.primary {
+                    if PATH_KEYS.contains(&k) {
+                        if let Some(slot) = paths.get_mut(n_paths) {
+                            *slot = (k, kind);
+                            n_paths += 1;
+                        }
+                    } else if !matches!(kind, Kind::Null) {
+                        only_path = false;
+                    }
+                }
+                if !role.volatile {
+                    let member = mix(kh, value);
+                    exact_acc = exact_acc.wrapping_add(member);
+                    if role.primary {
+                        any_primary = true;
+                        fuzzy_acc = fuzzy_acc.wrapping_add(member);
+                    }
+                }
+                self.ws();
+                match self.peek()? {
+                    b',' => self.i += 1,
+                    b'}' => {
+                        self.i += 1;
+                        break;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        if !self.at_end() {
+            return None;
+        }
+        let finish = |acc: u64| mix(tool.tool_hash, mix(tag::OBJECT, acc));
+        let exact = finish(exact_acc);
+        let mut keys = CallKeys {
+            exact,
+            fuzzy: exact,
+            read_only,
+            ..CallKeys::default()
+        };
+        if let Some((_, Kind::Str(src), text)) = command {
+            f.shell_keys(tool, self.str_of(src)?, text, &mut keys, tests);
+            return Some(keys);
+        }
+        if only_path {
+            // The parsed path visits members in key order: the first path key takes the path
+            // (none if its value is no string); any later one that is not null spoils it.
+            let paths = paths.get_mut(..n_paths)?;
+            paths.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            let mut path: Option<Src> = None;
+            for &(_, kind) in paths.iter() {
+                if path.is_none() {
+                    if let Kind::Str(src) = kind {
+                        path = Some(src);
+                    }
+                } else if !matches!(kind, Kind::Null) {
+                    only_path = false;
+                }
+            }
+            if only_path && let Some(src) = path {
+                keys.fuzzy = f.file_read_key(self.str_of(src)?);
+                keys.file_read = true;
+                return Some(keys);
+            }
+        }
+        if any_primary {
+            keys.fuzzy = combine(finish(fuzzy_acc), super::FUZZY_TAG);
+        }
+        Some(keys)
+    }
+
+    /// An object key at the cursor, which must have no escapes (an escaped key is left to
+    /// the parser: it could spell the same key as another member).
+    fn key(&mut self) -> Option<&'a str> {
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        match self.string()? {
+            Src::Text(a, z) => self.s.get(a..z),
+            Src::Decoded(..) => None,
+        }
+    }
+
+    /// The hash of the value at the cursor, as [`FingerprintRules::value_hash`] gives it.
+    fn value(
+        &mut self,
+        f: &FingerprintRules,
+        tool: &ToolKeys,
+        path: bool,
+        depth: u32,
+    ) -> Option<u64> {
+        match self.peek()? {
+            b'"' => {
+                let src = self.string()?;
+                Some(mix(tag::STRING, f.text_hash(self.str_of(src)?, path)))
+            }
+            b'n' => self.literal(b"null", tag::NULL),
+            b't' => self.literal(b"true", tag::TRUE),
+            b'f' => self.literal(b"false", tag::FALSE),
+            b'[' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                let mut h = tag::ARRAY;
+                let mut len = 0u64;
+                self.ws();
+                if self.peek() == Some(b']') {
+                    self.i += 1;
+                    return Some(mix(h, 0));
+                }
+                loop {
+                    self.ws();
+                    h = mix(h, self.value(f, tool, path, depth + 1)?);
+                    len += 1;
+                    self.ws();
+                    match self.peek()? {
+                        b',' => self.i += 1,
+                        b']' => {
+                            self.i += 1;
+                            return Some(mix(h, len));
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b'{' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                let mut seen = [0u64; MAX_MEMBERS];
+                let mut n = 0usize;
+                let mut acc = 0u64;
+                self.ws();
+                if self.peek() == Some(b'}') {
+                    self.i += 1;
+                    return Some(mix(tag::OBJECT, acc));
+                }
+                loop {
+                    self.ws();
+                    let k = self.key()?;
+                    let kh = key_hash(k);
+                    if seen[..n].contains(&kh) || n == MAX_MEMBERS {
+                        return None;
+                    }
+                    seen[n] = kh;
+                    n += 1;
+                    self.ws();
+                    if self.peek() != Some(b':') {
+                        return None;
+                    }
+                    self.i += 1;
+                    self.ws();
+                    let v = self.value(f, tool, is_path_key(k), depth + 1)?;
+                    if !tool.role(kh, k).volatile {
+                        acc = acc.wrapping_add(mix(kh, v));
+                    }
+                    self.ws();
+                    match self.peek()? {
+                        b',' => self.i += 1,
+                        b'}' => {
+                            self.i += 1;
+                            return Some(mix(tag::OBJECT, acc));
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' => {
+                let n = self.number()?;
+                Some(mix(tag::NUMBER, number_bits(&n)))
+            }
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], h: u64) -> Option<u64> {
+        if self.b.get(self.i..)?.starts_with(word) {
+            self.i += word.len();
+            Some(h)
+        } else {
+            None
+        }
+    }
+
+    /// A number at the cursor, as `serde_json` reads it: a plain non-negative integer
+    /// directly, anything else through `serde_json`'s own number parser.
+    fn number(&mut self) -> Option<Number> {
+        let b = self.b;
+        let start = self.i;
+        let mut j = start;
+        let digits = |j: &mut usize| {
+            let from = *j;
+            while b.get(*j).is_some_and(u8::is_ascii_digit) {
+                *j += 1;
+            }
+            *j - from
+        };
+        if b.get(j) == Some(&b'-') {
+            j += 1;
+        }
+        let int_start = j;
+        let int_len = digits(&mut j);
+        // JSON allows no leading zeros and needs a digit.
+        if int_len == 0 || (int_len > 1 && b.get(int_start) == Some(&b'0')) {
+            return None;
+        }
+        let mut integral = true;
+        if b.get(j) == Some(&b'.') {
+            j += 1;
+            integral = false;
+            if digits(&mut j) == 0 {
+                return None;
+            }
+        }
+        if matches!(b.get(j), Some(b'e' | b'E')) {
+            j += 1;
+            integral = false;
+            if matches!(b.get(j), Some(b'+' | b'-')) {
+                j += 1;
+            }
+            if digits(&mut j) == 0 {
+                return None;
+            }
+        }
+        self.i = j;
+        let token = self.s.get(start..j)?;
+        if integral && start == int_start && int_len <= 19 {
+            return token.parse::<u64>().ok().map(Number::from);
+        }
+        serde_json::from_str::<Number>(token).ok()
+    }
+
+    /// A string at the cursor (its opening quote), the cursor left past its closing quote.
+    /// Control characters, bad escapes and lone surrogates make it `None`, as they make the
+    /// text invalid JSON.
+    fn string(&mut self) -> Option<Src> {
+        let b = self.b;
+        let start = self.i + 1;
+        let mut j = start;
+        loop {
+            // Eight bytes at a time up to the first quote, backslash or control character
+            // (the control-character test may also stop at a byte after a real one, which the
+            // byte test below then passes).
+            while let Some(w) = b.get(j..).and_then(<[u8]>::first_chunk::<8>) {
+                let w = u64::from_le_bytes(*w);
+                let hits =
+                    eq_bytes(w, b'"') | eq_bytes(w, b'\\') | (w.wrapping_sub(LO * 0x20) & !w & HI);
+                if hits == 0 {
+                    j += 8;
+                } else {
+                    j += (hits.trailing_zeros() / 8) as usize;
+                    break;
+                }
+            }
+            match *b.get(j)? {
+                b'"' => {
+                    self.i = j + 1;
+                    return Some(Src::Text(start, j));
+                }
+                b'\\' => return self.escaped(start, j),
+                c if c < 0x20 => return None,
+                _ => j += 1,
+            }
+        }
+    }
+
+    /// Decodes a string with escapes into the buffer: `start` is where its contents begin,
+    /// `j` its first backslash.
+    fn escaped(&mut self, start: usize, mut j: usize) -> Option<Src> {
+        let b = self.b;
+        let from = self.dec.len();
+        self.dec.extend_from_slice(b.get(start..j)?);
+        loop {
+            match *b.get(j)? {
+                b'"' => {
+                    self.i = j + 1;
+                    return Some(Src::Decoded(from, self.dec.len()));
+                }
+                b'\\' => {
+                    let e = *b.get(j + 1)?;
+                    j += 2;
+                    let c = match e {
+                        b'"' => b'"',
+                        b'\\' => b'\\',
+                        b'/' => b'/',
+                        b'b' => 0x08,
+                        b'f' => 0x0c,
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'u' => {
+                            let hi = hex4(b, j)?;
+                            j += 4;
+                            let code = match hi {
+                                0xd800..=0xdbff => {
+                                    if b.get(j..j + 2)? != b"\\u" {
+                                        return None;
+                                    }
+                                    let lo = hex4(b, j + 2)?;
+                                    if !(0xdc00..=0xdfff).contains(&lo) {
+                                        return None;
+                                    }
+                                    j += 6;
+                                    0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00)
+                                }
+                                0xdc00..=0xdfff => return None,
+                                _ => hi,
+                            };
+                            let ch = char::from_u32(code)?;
+                            let mut utf8 = [0u8; 4];
+                            self.dec
+                                .extend_from_slice(ch.encode_utf8(&mut utf8).as_bytes());
+                            continue;
+                        }
+                        _ => return None,
+                    };
+                    self.dec.push(c);
+                }
+                c if c < 0x20 => return None,
+                c => {
+                    self.dec.push(c);
+                    j += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The value of four hex digits at `j`.
+fn hex4(b: &[u8], j: usize) -> Option<u32> {
+    let mut v = 0u32;
+    for &c in b.get(j..j + 4)? {
+        v = (v << 4) | char::from(c).to_digit(16)?;
+    }
+    Some(v)
+}
