@@ -342,39 +342,42 @@ fn starts_ci(b: &[u8], i: usize, word: &str) -> bool {
     b.len() >= i + word.len() && b[i..i + word.len()].eq_ignore_ascii_case(word.as_bytes())
 }
 
+/// What a byte may start in the masking pass: [`WORD`] bytes (ASCII letters, digits, `_`), or
+/// one of the bytes other maskers start with; 0 for every other byte (non-ASCII included).
+const CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = if b.is_ascii_alphanumeric() || b == b'_' {
+            WORD
+        } else if matches!(b, 0x1b | b'(' | b'#' | b'/') {
+            OTHER_START
+        } else {
+            0
+        };
+        c += 1;
+    }
+    t
+};
+const WORD: u8 = 1;
+const OTHER_START: u8 = 2;
+
+/// Masks `s` into `out` in one pass. Most bytes start nothing and are passed over by a table
+/// lookup; a word that no masker matched at its start is passed over whole, since maskers
+/// start only at word boundaries or at a non-word byte.
 fn mask_into(m: &Maskers, s: &str, out: &mut String) {
     let b = s.as_bytes();
     let mut i = 0;
     let mut copied = 0;
     while i < b.len() {
         let c = b[i];
-        let boundary = i == 0 || !is_word(b[i - 1]);
-        let matched: Option<(usize, &str)> = if c == 0x1b && m.ansi {
-            Some((ansi_len(b, i), ""))
-        } else if boundary && c.is_ascii_alphanumeric() {
-            word_mask(m, b, i)
-        } else if c == b'(' && m.counters {
-            // (3/10)
-            let n1 = digits(b, i + 1);
-            let n2 = if n1 > 0 && b.get(i + 1 + n1) == Some(&b'/') {
-                digits(b, i + 2 + n1)
-            } else {
-                0
-            };
-            if n2 > 0 && b.get(i + 2 + n1 + n2) == Some(&b')') {
-                Some((3 + n1 + n2, "(<n>/<n>)"))
-            } else {
-                None
-            }
-        } else if c == b'#' && m.counters && (i == 0 || !is_word(b[i - 1])) {
-            // #7
-            let n = digits(b, i + 1);
-            (n > 0 && (i + 1 + n >= b.len() || !is_word(b[i + 1 + n]))).then_some((1 + n, "#<n>"))
-        } else if c == b'/' && m.temp_paths {
-            temp_len(b, i).map(|n| (n, "/tmp/<tmp>"))
-        } else {
-            None
-        };
+        let class = CLASS[usize::from(c)];
+        if class == 0 {
+            i += 1;
+            continue;
+        }
+        let matched = match_at(m, b, i);
         match matched {
             Some((n, rep)) if n > 0 => {
                 out.push_str(&s[copied..i]);
@@ -385,16 +388,50 @@ fn mask_into(m: &Maskers, s: &str, out: &mut String) {
                 }
                 copied = i;
             }
-            _ => {
-                // Skip to the next byte that may start a match (keeping char boundaries).
+            _ if class == WORD => {
+                // Nothing starts inside a word.
                 i += 1;
-                while i < b.len() && !b[i].is_ascii() {
+                while i < b.len() && is_word(b[i]) {
                     i += 1;
                 }
             }
+            _ => i += 1,
         }
     }
     out.push_str(&s[copied..]);
+}
+
+/// The masker matching at `i`, if any: its length and replacement.
+#[inline]
+fn match_at<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
+    let c = b[i];
+    let boundary = i == 0 || !is_word(b[i - 1]);
+    if c == 0x1b && m.ansi {
+        Some((ansi_len(b, i), ""))
+    } else if boundary && c.is_ascii_alphanumeric() {
+        word_mask(m, b, i)
+    } else if c == b'(' && m.counters {
+        // (3/10)
+        let n1 = digits(b, i + 1);
+        let n2 = if n1 > 0 && b.get(i + 1 + n1) == Some(&b'/') {
+            digits(b, i + 2 + n1)
+        } else {
+            0
+        };
+        if n2 > 0 && b.get(i + 2 + n1 + n2) == Some(&b')') {
+            Some((3 + n1 + n2, "(<n>/<n>)"))
+        } else {
+            None
+        }
+    } else if c == b'#' && m.counters && (i == 0 || !is_word(b[i - 1])) {
+        // #7
+        let n = digits(b, i + 1);
+        (n > 0 && (i + 1 + n >= b.len() || !is_word(b[i + 1 + n]))).then_some((1 + n, "#<n>"))
+    } else if c == b'/' && m.temp_paths {
+        temp_len(b, i).map(|n| (n, "/tmp/<tmp>"))
+    } else {
+        None
+    }
 }
 
 fn ansi_len(b: &[u8], i: usize) -> usize {
@@ -447,7 +484,7 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
         {
             return Some((len, "<ts>"));
         }
-        if m.uuids && uuid_at(b, i) {
+        if m.uuids && b.get(i + 8) == Some(&b'-') && uuid_at(b, i) {
             return Some((36, "<uuid>"));
         }
         if m.counters && starts_ci(b, i + n, " times") && end_ok(i + n + 6) {
@@ -468,7 +505,7 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
             }
         }
     }
-    if m.uuids && c.is_ascii_hexdigit() && uuid_at(b, i) {
+    if m.uuids && c.is_ascii_hexdigit() && b.get(i + 8) == Some(&b'-') && uuid_at(b, i) {
         return Some((36, "<uuid>"));
     }
     if m.hex_ids && c.is_ascii_hexdigit() {
@@ -501,7 +538,8 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
     {
         return Some((len, "<id>"));
     }
-    if m.counters {
+    // The counter words start with one of these letters.
+    if m.counters && matches!(c | 0x20, b'a' | b'r' | b't' | b'i' | b'b') {
         for (word, rep) in [
             ("attempt", "attempt <n>"),
             ("retry", "retry <n>"),
@@ -694,6 +732,13 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
         j += 1 + digits(b, j + 1);
     }
+    // A unit starts with a letter (or `µ`), directly or after one space.
+    if !b
+        .get(j)
+        .is_some_and(|&u| u.is_ascii_alphabetic() || u == b' ' || u == 0xc2)
+    {
+        return None;
+    }
     let end_ok = |k: usize| k >= b.len() || !is_word(b[k]);
     // Units that may follow directly; long units may also follow one space.
     const TIGHT: &[&str] = &[
@@ -742,6 +787,52 @@ mod tests {
             counters: true,
             temp_paths: true,
             ids: true,
+        }
+    }
+
+    /// The masking pass as plainly as it can be written: every byte is tried.
+    fn mask_trying_every_byte(m: &Maskers, s: &str) -> String {
+        let b = s.as_bytes();
+        let (mut out, mut i, mut copied) = (String::new(), 0, 0);
+        while i < b.len() {
+            match match_at(m, b, i) {
+                Some((n, rep)) if n > 0 => {
+                    out.push_str(&s[copied..i]);
+                    out.push_str(rep);
+                    i += n;
+                    while i < b.len() && !s.is_char_boundary(i) {
+                        i += 1;
+                    }
+                    copied = i;
+                }
+                _ => {
+                    i += 1;
+                    while i < b.len() && !s.is_char_boundary(i) {
+                        i += 1;
+                    }
+                }
+            }
+        }
+        out.push_str(&s[copied..]);
+        out
+    }
+
+    proptest::proptest! {
+        /// Passing over bytes and words that start nothing changes nothing.
+        #[test]
+        fn skipping_masks_as_trying_every_byte(
+            parts in proptest::collection::vec(proptest::sample::select(&[
+                "2024-05-01T12:34:56.123Z", "12:34:56", "123e4567-e89b-12d3-a456-426614174000",
+                "deadbeef42", "pid 1234", "PID: 9", "12.3s", "45 ms", "3 times", "(3/10)", "#7",
+                "/tmp/abc", "req-7f3a9c", "msg_01H8XK2", "attempt 2", "retry #3", "run 9",
+                "took_ms: 132", "id=88", "\x1b[31m", "\x1b]0;t\x07", "é", "µs", "5µs", "word",
+                "a_b", "x1", " ", "  ", "\n", ".", "-", "_", "/", "(", "#", ":", "=", "\"", "0x1F2E3D4C",
+                "build", "1200px", "v0.1.0", "abc123def456",
+            ][..]), 0..40),
+        ) {
+            let s: String = parts.concat();
+            let m = all();
+            proptest::prop_assert_eq!(mask(&m, &s), mask_trying_every_byte(&m, &s));
         }
     }
 
