@@ -1,0 +1,462 @@
+//! Tests of call fingerprints: canonical forms, shell normalization, and raw against parsed
+//! arguments.
+
+use super::*;
+use proptest::prelude::*;
+use serde_json::json;
+
+fn rules() -> &'static (loopguard_rules::Config, FingerprintRules) {
+    static RULES: std::sync::OnceLock<(loopguard_rules::Config, FingerprintRules)> =
+        std::sync::OnceLock::new();
+    RULES.get_or_init(|| {
+        let loaded = loopguard_rules::Policy::builtin_default();
+        let c = loaded.policy.unwrap().resolve(None, None);
+        let f = FingerprintRules::from_config(&c);
+        (c, f)
+    })
+}
+
+fn keys(tool: &str, v: &Value) -> CallKeys {
+    let (c, f) = rules();
+    let t = f.tool_keys(c, tool);
+    f.keys(&t, &Arguments::Json(v), &c.detectors.test_fix.test_commands)
+}
+
+#[test]
+fn volatile_keys_and_order_are_ignored() {
+    let a = keys(
+        "grep",
+        &json!({"pattern": "foo", "path": "src", "request_id": "r1"}),
+    );
+    let b = keys(
+        "grep",
+        &json!({"path": "src", "request_id": "r2", "pattern": "foo"}),
+    );
+    assert_eq!(a, b);
+    let nested_a = keys("x", &json!({"q": {"a": 1, "trace_id": 5}}));
+    let nested_b = keys("x", &json!({"q": {"a": 1, "trace_id": 6}}));
+    assert_eq!(nested_a.exact, nested_b.exact);
+}
+
+#[test]
+fn paths_are_normalized() {
+    let a = keys("read_file", &json!({"path": "./src\\main.rs"}));
+    let b = keys("read_file", &json!({"path": "src//main.rs"}));
+    assert_eq!(a.exact, b.exact);
+    let c = keys("read_file", &json!({"path": "src/lib.rs"}));
+    assert_ne!(a.exact, c.exact);
+}
+
+#[test]
+fn shell_file_reads_share_a_fuzzy_key() {
+    let cat = keys("bash", &json!({"command": "cat src/main.rs"}));
+    let head = keys("bash", &json!({"command": "head -n 20 ./src/main.rs"}));
+    let tail = keys("bash", &json!({"command": "tail src/main.rs"}));
+    let read = keys("read_file", &json!({"path": "src/main.rs"}));
+    assert_ne!(cat.exact, head.exact);
+    assert_eq!(cat.fuzzy, head.fuzzy);
+    assert_eq!(cat.fuzzy, tail.fuzzy);
+    assert_eq!(cat.fuzzy, read.fuzzy);
+    assert!(cat.file_read && cat.file_op);
+    let other = keys("bash", &json!({"command": "cat src/lib.rs"}));
+    assert_ne!(cat.fuzzy, other.fuzzy);
+    // Two operands, or a pipe, are not a single file read.
+    let two = keys("bash", &json!({"command": "cat a b"}));
+    assert!(!two.file_read);
+    let piped = keys("bash", &json!({"command": "cat src/main.rs | grep x"}));
+    assert!(!piped.file_read);
+    // Paging a read tool is not a plain read.
+    let paged = keys("read_file", &json!({"path": "src/main.rs", "offset": 100}));
+    assert_ne!(paged.fuzzy, read.fuzzy);
+}
+
+/// Codex edits with `apply_patch` run by its shell tool, as an argument vector: the tests
+/// it re-ran after each patch looked like the same failing call again.
+#[test]
+fn shell_commands_that_change_files_are_recognized() {
+    let modifies = |cmd: &str| keys("bash", &json!({ "command": cmd })).modify;
+    for cmd in [
+        "apply_patch <<'EOF'\n*** Begin Patch\nEOF",
+        "cd /repo && git apply fix.diff",
+        "sed -i 's/a/b/' src/lib.rs",
+        "cat > notes.md <<EOF\nhi\nEOF",
+        "echo x >> log.txt",
+        "sudo pip install requests",
+        "FOO=1 npm install left-pad",
+    ] {
+        assert!(modifies(cmd), "{cmd}");
+    }
+    for cmd in [
+        "cargo test 2>&1 | tail",
+        "ls -la > /dev/null",
+        "git status",
+        "grep -n 'x => y' src/a.rs",
+        "sed 's/a/b/' src/lib.rs",
+        "pip list",
+    ] {
+        assert!(!modifies(cmd), "{cmd}");
+    }
+    let codex = |script: &str| keys("shell", &json!({"command": ["bash", "-lc", script]}));
+    assert!(codex("apply_patch <<'EOF'\nx\nEOF").modify);
+    assert!(codex("cargo test").test);
+    assert!(!codex("cargo test").modify);
+}
+
+/// A cache-busting query parameter made every poll of one URL a new call.
+#[test]
+fn volatile_url_parameters_do_not_make_a_new_call() {
+    let url = |u: &str| keys("http_request", &json!({"method": "GET", "url": u}));
+    let a = url("https://x.io/api/jobs/77?_ts=1718704873&view=full");
+    let b = url("https://x.io/api/jobs/77?_ts=1718704914&view=full");
+    let c = url("https://x.io/api/jobs/77?view=full&request_id=9");
+    assert_eq!(a.exact, b.exact);
+    assert_eq!(a.exact, c.exact);
+    assert_eq!(a.fuzzy, b.fuzzy);
+    assert_ne!(a.exact, url("https://x.io/api/jobs/77?view=summary").exact);
+    assert_ne!(a.exact, url("https://x.io/api/jobs/78?_ts=1").exact);
+}
+
+#[test]
+fn wait_and_test_commands_are_recognized() {
+    assert!(keys("bash", &json!({"command": "sleep 30"})).wait);
+    assert!(!keys("bash", &json!({"command": "sleep 3; ls"})).wait);
+    assert!(keys("bash", &json!({"command": "cargo test -p x"})).test);
+    assert!(!keys("bash", &json!({"command": "cargo build"})).test);
+}
+
+#[test]
+fn remembered_test_answers_match_the_patterns() {
+    let (c, f) = rules();
+    let t = f.tool_keys(c, "bash");
+    let tests = &c.detectors.test_fix.test_commands;
+    let other = [Regex::new("^make").unwrap()];
+    let cmds = (0..300).map(|i| match i % 4 {
+        0 => format!("cargo test -p crate_{}", i % 37),
+        1 => format!("make target_{}", i % 41),
+        2 => format!("pytest tests/test_{}.py", i % 13),
+        _ => format!("ls dir_{}", i % 7),
+    });
+    for cmd in cmds {
+        for patterns in [&tests[..], &other[..], &[]] {
+            let expected = patterns.iter().any(|r| r.is_match(&cmd));
+            assert_eq!(t.tests.is_test(&cmd, patterns), expected, "{cmd}");
+        }
+    }
+}
+
+#[test]
+fn raw_arguments() {
+    let (c, f) = rules();
+    let t = f.tool_keys(c, "grep");
+    let j = f.keys(&t, &Arguments::Raw(r#"{"pattern":"a"}"#), &[]);
+    let v = json!({"pattern": "a"});
+    assert_eq!(j, f.keys(&t, &Arguments::Json(&v), &[]));
+    let x = f.keys(&t, &Arguments::Raw("not  json"), &[]);
+    let y = f.keys(&t, &Arguments::Raw(" not json "), &[]);
+    assert_eq!(x, y);
+}
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i32>().prop_map(|i| json!(i)),
+        "[a-z ]{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z]{1,6}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn respace(v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(format!("  {}\t", s.replace(' ', "  \n "))),
+        Value::Array(a) => Value::Array(a.iter().map(respace).collect()),
+        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), respace(x))).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Keys with every role: primary, path, command, volatile, read-only, and none.
+const ARB_KEYS: &[&str] = &[
+    "path",
+    "file",
+    "file_path",
+    "filename",
+    "command",
+    "cmd",
+    "script",
+    "input",
+    "pattern",
+    "query",
+    "url",
+    "offset",
+    "request_id",
+    "id",
+    "action",
+    "mode",
+    "x",
+    "cwd",
+    "nested_dir",
+];
+
+/// Strings that exercise canonical forms, escapes, URLs, paths and shell commands.
+fn arb_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z ]{0,12}",
+        "[ -~]{0,24}",
+        "[\\\\/\"\t\n\r\u{0}-\u{1f}a é€😀]{0,16}",
+        Just("view".to_owned()),
+        Just("https://h/x?_ts=1&a=2#f".to_owned()),
+        Just(".//src\\\\a.rs ".to_owned()),
+        Just("cat   src/a.rs".to_owned()),
+        Just("cargo test -p x && echo > out".to_owned()),
+    ]
+}
+
+/// Numbers of every shape `serde_json` reads differently.
+fn arb_number() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<u64>().prop_map(|n| n.to_string()),
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| format!("{f:e}")),
+        any::<f32>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| f.to_string()),
+        Just("-0".to_owned()),
+        Just("1.0".to_owned()),
+        Just("1E2".to_owned()),
+        Just("12345678901234567890123".to_owned()),
+        Just("-9223372036854775809".to_owned()),
+        Just("18446744073709551616".to_owned()),
+        Just("1e400".to_owned()),
+    ]
+}
+
+/// JSON text, written as a model might write it: any member order, duplicate keys,
+/// whitespace, `\u` escapes, and numbers in every form.
+fn arb_json_text() -> impl Strategy<Value = String> {
+    let string = (arb_text(), any::<bool>()).prop_map(|(s, ascii)| {
+        if ascii {
+            // Every non-ASCII character (and `/`) as a `\u` escape.
+            let mut out = String::from("\"");
+            for ch in s.chars() {
+                match ch {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '/' => out.push_str("\\/"),
+                    c if (c as u32) < 0x20 || !c.is_ascii() => {
+                        let mut units = [0u16; 2];
+                        for u in c.encode_utf16(&mut units) {
+                            out.push_str(&format!("\\u{u:04X}"));
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+            out
+        } else {
+            serde_json::to_string(&s).unwrap()
+        }
+    });
+    let leaf = prop_oneof![
+        Just("null".to_owned()),
+        Just("true".to_owned()),
+        Just("false".to_owned()),
+        arb_number(),
+        string,
+    ];
+    let ws = prop_oneof![Just(""), Just(" "), Just("\n\t "), Just("\r\n")];
+    let value = leaf.prop_recursive(3, 24, 4, move |inner| {
+        prop_oneof![
+            prop::collection::vec((inner.clone(), ws.clone()), 0..4).prop_map(|items| {
+                let body: Vec<String> = items
+                    .into_iter()
+                    .map(|(v, w)| format!("{w}{v}{w}"))
+                    .collect();
+                format!("[{}]", body.join(","))
+            }),
+            prop::collection::vec((prop::sample::select(ARB_KEYS), inner, ws.clone()), 0..5)
+                .prop_map(|members| {
+                    let body: Vec<String> = members
+                        .into_iter()
+                        .map(|(k, v, w)| format!("{w}\"{k}\"{w}:{w}{v}"))
+                        .collect();
+                    format!("{{{}}}", body.join(","))
+                }),
+        ]
+    });
+    // Arguments are mostly objects: make the top level one most of the time.
+    prop_oneof![
+        3 => prop::collection::vec((prop::sample::select(ARB_KEYS), value.clone()), 0..7)
+            .prop_map(|members| {
+                let body: Vec<String> =
+                    members.into_iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+                format!("{{{}}}", body.join(", "))
+            }),
+        1 => value,
+    ]
+}
+
+/// The keys of raw text through the parser only, as before the scanner.
+fn parsed_keys(f: &FingerprintRules, t: &ToolKeys, s: &str, tests: &[Regex]) -> CallKeys {
+    f.keys_of_parsed_text(t, s, tests)
+}
+
+const ARB_TOOLS: &[&str] = &["bash", "read_file", "str_replace_editor", "grep", "x"];
+
+#[test]
+fn raw_scan_handles_what_it_should() {
+    // The common shapes are scanned, not parsed: the scanner answers for them.
+    let (c, f) = rules();
+    let t = f.tool_keys(c, "bash");
+    let tests = &c.detectors.test_fix.test_commands;
+    for s in [
+        r#"{"command": "ls -la \"my dir\"\n", "timeout": 30}"#,
+        r#"{"path": "src/a.rs", "offset": 10, "limit": 2.5e1, "flags": [true, null]}"#,
+        r#"{"q": "caf\u00e9 \ud83d\ude00", "nested": {"a": {"b": [1, -2, 0.5]}}}"#,
+    ] {
+        assert!(f.keys_of_raw(&t, s, tests).is_some(), "{s}");
+    }
+    // What it leaves to the parser.
+    for s in [
+        r#"{"a": 1, "a": 2}"#,
+        r#"{"\u0061": 1}"#,
+        r#"{"command": ["bash", "-lc", "ls"]}"#,
+        r#"{"a": "\ud800"}"#,
+        "{\"a\": \"tab\there\"}",
+        r#"{"a": 01}"#,
+        r#"{"a": 1} x"#,
+        "not json",
+        "",
+    ] {
+        assert!(f.keys_of_raw(&t, s, tests).is_none(), "{s}");
+    }
+}
+
+proptest! {
+    /// Raw arguments give the keys the parsed path gives, for any JSON text, for every
+    /// kind of tool.
+    #[test]
+    fn raw_and_parsed_arguments_give_the_same_keys(s in arb_json_text()) {
+        let (c, f) = rules();
+        let tests = &c.detectors.test_fix.test_commands;
+        for tool in ARB_TOOLS {
+            let t = f.tool_keys(c, tool);
+            let raw = f.keys(&t, &Arguments::Raw(&s), tests);
+            prop_assert_eq!(raw, parsed_keys(f, &t, &s, tests), "tool {} text {}", tool, s);
+            if let Ok(v) = serde_json::from_str::<Value>(&s) {
+                prop_assert_eq!(raw, f.keys(&t, &Arguments::Json(&v), tests));
+            }
+        }
+    }
+
+    /// The same for text that is mostly not JSON: JSON text with bytes dropped, doubled
+    /// or inserted.
+    #[test]
+    fn raw_and_parsed_agree_on_damaged_text(
+        s in arb_json_text(),
+        cuts in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(&["", "\"", "\\", ",", "}", "]", "{", "\\u", "0", " ", "\u{1}", "e"][..])), 1..4),
+    ) {
+        let mut s = s;
+        for (at, ins) in cuts {
+            let mut i = at.index(s.len() + 1);
+            while !s.is_char_boundary(i) {
+                i -= 1;
+            }
+            if ins.is_empty() && i < s.len() {
+                let mut j = i + 1;
+                while !s.is_char_boundary(j) {
+                    j += 1;
+                }
+                s.replace_range(i..j, "");
+            } else {
+                s.insert_str(i, ins);
+            }
+        }
+        let (c, f) = rules();
+        let tests = &c.detectors.test_fix.test_commands;
+        for tool in ARB_TOOLS {
+            let t = f.tool_keys(c, tool);
+            prop_assert_eq!(
+                f.keys(&t, &Arguments::Raw(&s), tests),
+                parsed_keys(f, &t, &s, tests),
+                "tool {} text {}", tool, s
+            );
+        }
+    }
+
+    /// Raw arguments of any shape fingerprint without panicking, for any tool kind.
+    #[test]
+    fn raw_arguments_never_panic(s in "[ -~\\\\é€]{0,60}") {
+        let (c, f) = rules();
+        for tool in ["bash", "read_file", "x"] {
+            let t = f.tool_keys(c, tool);
+            let _ = f.keys(&t, &Arguments::Raw(&s), &c.detectors.test_fix.test_commands);
+            let wrapped = format!("{{\"command\": {:?}, \"path\": {:?}}}", s, s);
+            let _ = f.keys(&t, &Arguments::Raw(&wrapped), &c.detectors.test_fix.test_commands);
+        }
+    }
+
+    /// The word-at-a-time check agrees with the byte-at-a-time definitions.
+    #[test]
+    fn plain_strings_are_exactly_the_canonical_printable_ones(
+        s in prop_oneof!["[ -~\\t\\né/\\\\.]{0,40}", "[ a./\\\\\\t\\x7fé]{0,24}"],
+        path in any::<bool>(),
+    ) {
+        let expected = s.bytes().all(|b| (0x20..=0x7f).contains(&b))
+            && collapsed(&s)
+            && (!path || clean_path(&s));
+        prop_assert_eq!(plain(s.as_bytes(), path), expected, "{:?}", s);
+    }
+
+    #[test]
+    fn key_order_never_matters(entries in prop::collection::vec(("[a-z]{1,6}", arb_json()), 0..6)) {
+        let (c, f) = rules();
+        let t = f.tool_keys(c, "tool");
+        let mut dedup = std::collections::BTreeMap::new();
+        for (k, v) in entries { dedup.insert(k, v); }
+        // Build the object in two insertion orders.
+        let fwd: Map<String, Value> = dedup.clone().into_iter().collect();
+        let rev: Map<String, Value> = dedup.into_iter().rev().collect();
+        let (a, b) = (Value::Object(fwd), Value::Object(rev));
+        prop_assert_eq!(f.keys(&t, &Arguments::Json(&a), &[]), f.keys(&t, &Arguments::Json(&b), &[]));
+    }
+
+    #[test]
+    fn whitespace_never_matters(v in arb_json()) {
+        let (c, f) = rules();
+        let t = f.tool_keys(c, "tool");
+        let w = respace(&v);
+        prop_assert_eq!(f.keys(&t, &Arguments::Json(&v), &[]), f.keys(&t, &Arguments::Json(&w), &[]));
+    }
+
+    #[test]
+    fn volatile_keys_never_matter(v in arb_json(), id in any::<u64>(), ts in "[0-9:]{1,10}") {
+        let (c, f) = rules();
+        let t = f.tool_keys(c, "tool");
+        let base = json!({"query": v.clone()});
+        let noisy = json!({"query": v, "request_id": id, "timestamp": ts});
+        prop_assert_eq!(f.keys(&t, &Arguments::Json(&base), &[]), f.keys(&t, &Arguments::Json(&noisy), &[]));
+    }
+
+    #[test]
+    fn primary_changes_always_matter(a in "[a-z0-9/]{1,20}", b in "[a-z0-9/]{1,20}", other in arb_json()) {
+        prop_assume!(a != b);
+        let (c, f) = rules();
+        let t = f.tool_keys(c, "search");
+        let x = json!({"query": a, "extra": other.clone()});
+        let y = json!({"query": b, "extra": other});
+        let kx = f.keys(&t, &Arguments::Json(&x), &[]);
+        let ky = f.keys(&t, &Arguments::Json(&y), &[]);
+        prop_assert_ne!(kx.exact, ky.exact);
+        prop_assert_ne!(kx.fuzzy, ky.fuzzy);
+    }
+}
