@@ -3,6 +3,7 @@
 
 mod cases;
 mod plugins;
+mod policy;
 mod proxy;
 mod simulate;
 mod validate;

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use loopguard_proxy::{ChatCommands, NudgePlacement, Options, Setup};
-use loopguard_rules::Policy;
 
-use crate::simulate::{RULES_ENV, server_settings};
-use crate::{EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, emit};
+use crate::policy::{self, Failure};
+use crate::{EXIT_CANNOT_RUN, EXIT_OK, emit};
 
 /// The environment variable setting the log level (`error`, `warn`, `info`, `debug`, `trace`).
 pub const LOG_ENV: &str = "LOOPGUARD_LOG";
@@ -80,41 +79,14 @@ pub struct Args {
 }
 
 /// Loads and checks the policy, its plugins and the server tier; every problem rendered.
-fn load(rules: Option<&Path>) -> Result<Setup, (String, u8)> {
-    let loaded = match rules {
-        Some(path) => Policy::load(path).map_err(|e| (format!("error: {e}"), EXIT_CANNOT_RUN))?,
-        None => Policy::builtin_default(),
-    };
-    let name = rules.map_or("rules/default.yaml".into(), |p| p.display().to_string());
-    let Some(policy) = loaded.policy else {
-        let mut text: Vec<String> = loaded
-            .diagnostics
-            .iter()
-            .filter(|d| d.is_error())
-            .map(|d| loaded.sources.render(d))
-            .collect();
-        text.push(format!(
-            "error: the policy {name} is invalid; run `loopctl validate` on it"
-        ));
-        return Err((text.join("\n"), EXIT_INVALID));
-    };
-    if let Err(errors) = loopguard_engine::load_plugins(&policy) {
-        let mut text: Vec<String> = errors
-            .iter()
-            .map(|e| loaded.sources.render(&e.diagnostic()))
-            .collect();
-        text.push(format!(
-            "error: a plugin named by the policy {name} could not be loaded"
-        ));
-        return Err((text.join("\n"), EXIT_INVALID));
-    }
-    let server = server_settings(&policy).map_err(|code| {
-        (
-            "error: invalid LOOPGUARD_* settings (above)".to_owned(),
-            code,
-        )
-    })?;
-    Ok(Setup { policy, server })
+fn load(rules: Option<&Path>) -> Result<Setup, Failure> {
+    let loaded = policy::load(rules)?;
+    loaded.plugins()?;
+    let server = loaded.server_settings()?;
+    Ok(Setup {
+        policy: loaded.policy,
+        server,
+    })
 }
 
 fn init_logging() {
@@ -130,16 +102,10 @@ fn init_logging() {
 }
 
 pub fn run(args: Args) -> u8 {
-    let rules = args
-        .rules
-        .clone()
-        .or_else(|| std::env::var_os(RULES_ENV).map(PathBuf::from));
+    let rules = policy::rules_path(args.rules.as_deref());
     let setup = match load(rules.as_deref()) {
         Ok(s) => s,
-        Err((text, code)) => {
-            eprintln!("{text}");
-            return code;
-        }
+        Err(failure) => return failure.report(),
     };
     init_logging();
     let chat_commands = match &args.chat_command_keys {
@@ -180,7 +146,7 @@ pub fn run(args: Args) -> u8 {
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         ..Options::new(args.upstream)
     };
-    let loader = move || load(rules.as_deref()).map_err(|(text, _)| text);
+    let loader = move || load(rules.as_deref()).map_err(|f| f.message);
     let ready = |addr: SocketAddr| emit(&format!("loopctl proxy listening on http://{addr}\n"));
     match loopguard_proxy::run(args.listen, options, setup, Some(Arc::new(loader)), ready) {
         Ok(()) => EXIT_OK,

@@ -21,9 +21,10 @@ use loopguard_engine::LoadedPlugin;
 use loopguard_engine::{
     Action, Arguments, Call, Engine, Event, Note, Text, ToolResult, UserMessage,
 };
-use loopguard_rules::{Policy, Settings, SourceMap};
+use loopguard_rules::{Policy, Settings};
 use serde_json::{Value, json};
 
+use crate::policy::{self, Failure};
 use crate::transcript::{self, Args, Item, Kind, Line, shorten};
 use crate::{EXIT_CANNOT_RUN, EXIT_INTERVENED, EXIT_INVALID, EXIT_OK, emit};
 
@@ -42,71 +43,13 @@ pub struct Options {
 /// How long a replay waits for a plugin's background work after each event.
 const PLUGIN_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// The environment variable naming the policy file when `--rules` is not given.
-pub const RULES_ENV: &str = "LOOPGUARD_RULES";
-
-/// The server-level settings tier from `LOOPGUARD_ENABLED`, `LOOPGUARD_MAX_REPEATS`,
-/// `LOOPGUARD_TTL_SECONDS` and `LOOPGUARD_MODE`; every bad value is reported.
-pub(crate) fn server_settings(policy: &Policy) -> Result<Settings, u8> {
-    let ladders: Vec<&str> = policy.base().ladders.keys().map(String::as_str).collect();
-    Settings::from_env(|k| std::env::var(k).ok(), &ladders).map_err(|errors| {
-        for e in errors {
-            eprintln!("error: {e}");
-        }
-        EXIT_INVALID
-    })
-}
-
-/// Loads the policy: the named file, else the built-in default. Prints diagnostics on failure.
-fn load_policy(rules: Option<&Path>) -> Result<(Policy, SourceMap), u8> {
-    let loaded = match rules {
-        Some(path) => match Policy::load(path) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Err(EXIT_CANNOT_RUN);
-            }
-        },
-        None => Policy::builtin_default(),
-    };
-    for d in loaded.diagnostics.iter().filter(|d| d.is_error()) {
-        eprintln!("{}", loaded.sources.render(d));
-    }
-    match loaded.policy {
-        Some(policy) => Ok((policy, loaded.sources)),
-        None => {
-            eprintln!(
-                "error: the policy {} is invalid; run `loopctl validate` on it",
-                rules.map_or("rules/default.yaml".into(), |p| p.display().to_string())
-            );
-            Err(EXIT_INVALID)
-        }
-    }
-}
-
-/// Loads fresh instances of the policy's enabled plugins (each transcript gets its own, so
-/// transcripts never share plugin state). Prints every failure as a diagnostic.
-fn load_plugins(policy: &Policy, sources: &SourceMap) -> Result<Vec<LoadedPlugin>, u8> {
-    loopguard_engine::load_plugins(policy).map_err(|errors| {
-        for e in &errors {
-            eprintln!("{}", sources.render(&e.diagnostic()));
-        }
-        eprintln!(
-            "error: {} plugin{} named by the policy could not be loaded; run `loopctl validate` on it",
-            errors.len(),
-            if errors.len() == 1 { "" } else { "s" }
-        );
-        EXIT_INVALID
-    })
-}
-
 /// Everything a replay needs before the first transcript: the policy (`--rules`, else
 /// `LOOPGUARD_RULES`, else the built-in default), the `LOOPGUARD_*` server tier, the overrides
 /// for the backend and model, and the policy's plugins (loaded once up front, so a plugin that
 /// does not load fails the command before any transcript is read).
 pub(crate) struct Setup {
     pub policy: Policy,
-    sources: SourceMap,
+    loaded: crate::policy::Loaded,
     backend: Option<String>,
     model: Option<String>,
     server: Settings,
@@ -123,16 +66,14 @@ impl Setup {
         backend: Option<&str>,
         model: Option<&str>,
     ) -> Result<Setup, u8> {
-        let rules = rules
-            .map(Path::to_path_buf)
-            .or_else(|| std::env::var_os(RULES_ENV).map(PathBuf::from));
-        let (policy, sources) = load_policy(rules.as_deref())?;
-        let server = server_settings(&policy)?;
-        let plugins = load_plugins(&policy, &sources)?;
+        let loaded = policy::load(policy::rules_path(rules).as_deref()).map_err(Failure::report)?;
+        let server = loaded.server_settings().map_err(Failure::report)?;
+        let plugins = loaded.plugins().map_err(Failure::report)?;
+        let policy = loaded.policy.clone();
         let plugin_names = plugins.iter().map(|p| format!("`{}`", p.name())).collect();
         Ok(Setup {
             policy,
-            sources,
+            loaded,
             backend: backend.map(str::to_owned),
             model: model.map(str::to_owned),
             server,
@@ -145,7 +86,7 @@ impl Setup {
     pub fn engine(&mut self) -> Result<Engine, u8> {
         let plugins = match self.spare.take() {
             Some(p) => p,
-            None => load_plugins(&self.policy, &self.sources)?,
+            None => self.loaded.plugins().map_err(Failure::report)?,
         };
         let mut b = Engine::builder(&self.policy)
             .server_settings(self.server.clone())
