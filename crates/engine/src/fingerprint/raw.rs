@@ -51,6 +51,12 @@ enum Kind {
     Other,
 }
 
+/// The keys an object has had so far (their hashes), to leave duplicates to the parser.
+struct Members {
+    seen: [u64; MAX_MEMBERS],
+    n: usize,
+}
+
 struct Scanner<'a> {
     s: &'a str,
     b: &'a [u8],
@@ -132,9 +138,7 @@ impl<'a> Scanner<'a> {
                 ..CallKeys::default()
             });
         }
-        self.i += 1;
-        let mut seen = [0u64; MAX_MEMBERS];
-        let mut n = 0usize;
+        let mut members = self.open_object();
         let mut exact_acc = 0u64;
         let mut fuzzy_acc = 0u64;
         let mut any_primary = false;
@@ -147,78 +151,50 @@ impl<'a> Scanner<'a> {
         let mut paths: [(&str, Kind); PATH_KEYS.len()] = [("", Kind::Null); PATH_KEYS.len()];
         let mut n_paths = 0usize;
         let mut only_path = tool.read_tool;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.i += 1;
-        } else {
-            loop {
-                self.ws();
-                let k = self.key()?;
-                let kh = key_hash(k);
-                if seen[..n].contains(&kh) || n == MAX_MEMBERS {
-                    return None;
+        while let Some((k, kh)) = self.next_member(&mut members)? {
+            let role = tool.role(kh, k);
+            let path_key = is_path_key(k);
+            // The member's value hash and, for a string, its bare text hash.
+            let (kind, value, text) = match self.peek()? {
+                b'"' => {
+                    let src = self.string()?;
+                    let text = f.text_hash(self.str_of(src)?, path_key);
+                    (Kind::Str(src), mix(tag::STRING, text), Some(text))
                 }
-                seen[n] = kh;
-                n += 1;
-                self.ws();
-                if self.peek() != Some(b':') {
-                    return None;
-                }
-                self.i += 1;
-                self.ws();
-                let role = tool.role(kh, k);
-                let path_key = is_path_key(k);
-                // The member's value hash and, for a string, its bare text hash.
-                let (kind, value, text) = match self.peek()? {
-                    b'"' => {
-                        let src = self.string()?;
-                        let text = f.text_hash(self.str_of(src)?, path_key);
-                        (Kind::Str(src), mix(tag::STRING, text), Some(text))
+                b'n' => (Kind::Null, self.value(f, tool, false, 0)?, None),
+                b'[' if role.command.is_some() => return None,
+                b'[' => (Kind::Array, self.value(f, tool, path_key, 0)?, None),
+                _ => (Kind::Other, self.value(f, tool, false, 0)?, None),
+            };
+            if let Kind::Str(src) = kind
+                && looks_read_only_member(k, self.str_of(src)?)
+            {
+                read_only = true;
+            }
+            if let Some(pos) = role.command
+                && command.is_none_or(|c| pos < c.0)
+            {
+                // The text hash serves the shell keys only when it was made as a plain
+                // (non-path) string of a member that counts.
+                let text = text.filter(|_| !role.volatile && !path_key);
+                command = Some((pos, kind, text));
+            }
+            if only_path && role.primary {
+                if PATH_KEYS.contains(&k) {
+                    if let Some(slot) = paths.get_mut(n_paths) {
+                        *slot = (k, kind);
+                        n_paths += 1;
                     }
-                    b'n' => (Kind::Null, self.value(f, tool, false, 0)?, None),
-                    b'[' if role.command.is_some() => return None,
-                    b'[' => (Kind::Array, self.value(f, tool, path_key, 0)?, None),
-                    _ => (Kind::Other, self.value(f, tool, false, 0)?, None),
-                };
-                if let Kind::Str(src) = kind
-                    && looks_read_only_member(k, self.str_of(src)?)
-                {
-                    read_only = true;
+                } else if !matches!(kind, Kind::Null) {
+                    only_path = false;
                 }
-                if let Some(pos) = role.command
-                    && command.is_none_or(|c| pos < c.0)
-                {
-                    // The text hash serves the shell keys only when it was made as a plain
-                    // (non-path) string of a member that counts.
-                    let text = text.filter(|_| !role.volatile && !path_key);
-                    command = Some((pos, kind, text));
-                }
-                if only_path && role.primary {
-                    if PATH_KEYS.contains(&k) {
-                        if let Some(slot) = paths.get_mut(n_paths) {
-                            *slot = (k, kind);
-                            n_paths += 1;
-                        }
-                    } else if !matches!(kind, Kind::Null) {
-                        only_path = false;
-                    }
-                }
-                if !role.volatile {
-                    let member = mix(kh, value);
-                    exact_acc = exact_acc.wrapping_add(member);
-                    if role.primary {
-                        any_primary = true;
-                        fuzzy_acc = fuzzy_acc.wrapping_add(member);
-                    }
-                }
-                self.ws();
-                match self.peek()? {
-                    b',' => self.i += 1,
-                    b'}' => {
-                        self.i += 1;
-                        break;
-                    }
-                    _ => return None,
+            }
+            if !role.volatile {
+                let member = mix(kh, value);
+                exact_acc = exact_acc.wrapping_add(member);
+                if role.primary {
+                    any_primary = true;
+                    fuzzy_acc = fuzzy_acc.wrapping_add(member);
                 }
             }
         }
@@ -262,6 +238,55 @@ impl<'a> Scanner<'a> {
             keys.fuzzy = combine(finish(fuzzy_acc), super::FUZZY_TAG);
         }
         Some(keys)
+    }
+
+    /// Opens the object whose `{` is at the cursor.
+    fn open_object(&mut self) -> Members {
+        self.i += 1;
+        Members {
+            seen: [0; MAX_MEMBERS],
+            n: 0,
+        }
+    }
+
+    /// The next member of an object: its key and the key's hash, the cursor left at its
+    /// value; `Some(None)` past the closing brace; `None` for what is left to the parser (bad
+    /// syntax, a duplicate key, too many members).
+    fn next_member(&mut self, m: &mut Members) -> Option<Option<(&'a str, u64)>> {
+        self.ws();
+        if m.n == 0 {
+            if self.peek() == Some(b'}') {
+                self.i += 1;
+                return Some(None);
+            }
+        } else {
+            match self.peek()? {
+                b',' => {
+                    self.i += 1;
+                    self.ws();
+                }
+                b'}' => {
+                    self.i += 1;
+                    return Some(None);
+                }
+                _ => return None,
+            }
+        }
+        let k = self.key()?;
+        let kh = key_hash(k);
+        let (before, after) = m.seen.split_at_mut(m.n);
+        if before.contains(&kh) {
+            return None;
+        }
+        *after.first_mut()? = kh;
+        m.n += 1;
+        self.ws();
+        if self.peek() != Some(b':') {
+            return None;
+        }
+        self.i += 1;
+        self.ws();
+        Some(Some((k, kh)))
     }
 
     /// An object key at the cursor, which must have no escapes (an escaped key is left to
@@ -323,44 +348,15 @@ impl<'a> Scanner<'a> {
                 if depth >= MAX_DEPTH {
                     return None;
                 }
-                self.i += 1;
-                let mut seen = [0u64; MAX_MEMBERS];
-                let mut n = 0usize;
+                let mut members = self.open_object();
                 let mut acc = 0u64;
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.i += 1;
-                    return Some(mix(tag::OBJECT, acc));
-                }
-                loop {
-                    self.ws();
-                    let k = self.key()?;
-                    let kh = key_hash(k);
-                    if seen[..n].contains(&kh) || n == MAX_MEMBERS {
-                        return None;
-                    }
-                    seen[n] = kh;
-                    n += 1;
-                    self.ws();
-                    if self.peek() != Some(b':') {
-                        return None;
-                    }
-                    self.i += 1;
-                    self.ws();
+                while let Some((k, kh)) = self.next_member(&mut members)? {
                     let v = self.value(f, tool, is_path_key(k), depth + 1)?;
                     if !tool.role(kh, k).volatile {
                         acc = acc.wrapping_add(mix(kh, v));
                     }
-                    self.ws();
-                    match self.peek()? {
-                        b',' => self.i += 1,
-                        b'}' => {
-                            self.i += 1;
-                            return Some(mix(tag::OBJECT, acc));
-                        }
-                        _ => return None,
-                    }
                 }
+                Some(mix(tag::OBJECT, acc))
             }
             b'-' | b'0'..=b'9' => {
                 let n = self.number()?;
