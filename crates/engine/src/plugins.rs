@@ -869,33 +869,6 @@ mod enabled {
             assert_eq!(canonical(&mut buf, &plain, &volatile), plain.to_string());
         }
 
-        /// What writing ~200-byte arguments for plugins costs. Informal; run with
-        /// `cargo test --release -p loopguard-engine --features plugins --lib -- --ignored --nocapture`.
-        #[test]
-        #[ignore = "a measurement, not a check; run in release"]
-        fn canonical_arguments_cost() {
-            let volatile = KeySet::new(["request_id", "timestamp"]);
-            let v = json!({
-                "path": "src/module_017/handlers/request_validation.rs",
-                "command": "cargo test -p service_17 -- --nocapture validation::",
-                "pattern": "fn validate_17\\(",
-                "offset": 680,
-                "limit": 200,
-                "request_id": "req-00000011",
-            });
-            let mut buf = String::new();
-            let n = 1_000_000u32;
-            let mut best = f64::MAX;
-            for _ in 0..5 {
-                let start = std::time::Instant::now();
-                for _ in 0..n {
-                    std::hint::black_box(canonical(&mut buf, std::hint::black_box(&v), &volatile));
-                }
-                best = best.min(start.elapsed().as_nanos() as f64 / f64::from(n));
-            }
-            println!("canonical arguments ({} bytes): {best:.1} ns", buf.len());
-        }
-
         #[test]
         fn the_window_is_shown_oldest_first_live_records_only() {
             let rec = |exact: u32| Record {

@@ -927,34 +927,6 @@ fn reasoning_is_not_a_turn_of_its_own() {
     assert!(h.text("", false, false).is_allow());
 }
 
-/// Not a benchmark (see `benches/`): a rough figure for `cargo test --release -- --ignored`.
-#[test]
-#[ignore]
-fn hot_path_timing() {
-    let engine = Engine::new(default_config());
-    let args: Vec<Value> = (0..64)
-        .map(|i| {
-            json!({"path": format!("src/module_{i}/file.rs"), "offset": i * 10, "limit": 200,
-                   "request_id": format!("req-{i}"), "options": {"encoding": "utf-8", "follow": true}})
-        })
-        .collect();
-    let ids: Vec<String> = (0..64).map(|i| format!("call_{i:024}")).collect();
-    let n = 200_000u64;
-    let start = std::time::Instant::now();
-    for i in 0..n {
-        let k = (i % 64) as usize;
-        std::hint::black_box(engine.observe(&Event::Call(Call {
-            session: "bench",
-            call_id: &ids[k],
-            tool: "read_file",
-            arguments: Arguments::Json(&args[k]),
-            time_ms: i,
-        })));
-    }
-    let per = start.elapsed().as_nanos() as f64 / n as f64;
-    eprintln!("observe(call): {per:.0} ns/event");
-}
-
 #[test]
 fn waiting_is_never_a_repeat() {
     let mut h = H::default();

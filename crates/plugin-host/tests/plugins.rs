@@ -327,31 +327,6 @@ fn a_library_that_is_not_a_plugin_is_refused() {
     );
 }
 
-/// What the plugin boundary itself costs per event (the budget is 100 ns for a no-op plugin).
-/// Informal; run with
-/// `cargo test --release -p loopguard-plugin-host --test plugins -- --ignored --nocapture`.
-#[test]
-#[ignore = "a measurement, not a check; run in release"]
-fn noop_overhead_per_event() {
-    let plugin = load("loopguard-plugin-noop", Value::Null);
-    let window = [abi::WindowRecord::default(); 10];
-    let args = r#"{"path":"src/main.rs","pattern":"fn main","context":3,"flags":["-n","-i"]}"#;
-    let ev = call("grep", args, 1).window(&window);
-    for _ in 0..10_000 {
-        std::hint::black_box(plugin.on_event(std::hint::black_box(&ev)));
-    }
-    let n = 2_000_000u32;
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let start = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(plugin.on_event(std::hint::black_box(&ev)));
-        }
-        best = best.min(start.elapsed().as_nanos() as f64 / f64::from(n));
-    }
-    println!("noop plugin: {best:.1} ns per event (best of 5 runs of {n})");
-}
-
 #[test]
 fn plugins_declare_whether_they_read_arguments_and_do_background_work() {
     let noop = load("loopguard-plugin-noop", Value::Null);
