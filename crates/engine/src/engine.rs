@@ -151,20 +151,27 @@ impl Engine {
 
     /// Waits until every plugin's background work (e.g. a model consulted asynchronously) has
     /// finished or `timeout` passed; the results apply at each plugin's next event. Replays call
-    /// this after every event so they are deterministic.
-    #[cfg(feature = "plugins")]
+    /// this after every event so they are deterministic. Without the `plugins` feature there
+    /// is nothing to wait for.
     pub fn wait_plugins_idle(&self, timeout: std::time::Duration) {
+        #[cfg(feature = "plugins")]
         for p in self.plugins() {
             p.plugin().wait_idle(timeout);
         }
+        #[cfg(not(feature = "plugins"))]
+        let _ = timeout;
     }
 
-    /// Whether any plugin does background work (see [`Engine::wait_plugins_idle`]).
-    #[cfg(feature = "plugins")]
+    /// Whether any plugin does background work (see [`Engine::wait_plugins_idle`]); never
+    /// without the `plugins` feature.
     pub fn has_background_plugins(&self) -> bool {
-        self.plugins()
+        #[cfg(feature = "plugins")]
+        return self
+            .plugins()
             .iter()
-            .any(|p| p.plugin().has_background_work())
+            .any(|p| p.plugin().has_background_work());
+        #[cfg(not(feature = "plugins"))]
+        false
     }
 
     /// The compiled rules of sessions with no settings of their own.

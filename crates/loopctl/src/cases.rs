@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use loopguard_engine::Action;
 use serde_json::{Map, Value, json};
 
-use crate::simulate::{self, InputError, Intervention, Setup, Step, Worker};
+use crate::simulate::{self, InputError, Setup};
+use crate::transcript::replay::{self, Intervention, Step, Worker};
 use crate::{EXIT_INTERVENED, EXIT_INVALID, EXIT_OK, emit};
 
 /// What `test` was asked to do.
@@ -668,7 +669,7 @@ pub fn run(paths: &[PathBuf], opts: &Options) -> u8 {
             name: String::new(),
             items: &case.transcript.items,
         }];
-        let interventions = simulate::replay(&workers, None, &engine, &mut |step| {
+        let interventions = replay::replay(&workers, None, &engine, &mut |step| {
             if let Step::Note {
                 item, event, note, ..
             } = step

@@ -37,6 +37,8 @@
 
 #![warn(missing_docs)]
 
+pub mod replay;
+
 use std::collections::HashMap;
 use std::fmt;
 
