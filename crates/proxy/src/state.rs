@@ -133,6 +133,14 @@ impl Guard {
     }
 }
 
+/// A session's book, under its own lock.
+type BookRef = Arc<Mutex<Book>>;
+
+/// Locks a book (a panic while it was held leaves it as it was: every field stays valid).
+fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
+    book.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What the proxy remembers about a session besides the engine's state.
 #[derive(Debug, Default)]
 struct Book {
@@ -199,7 +207,10 @@ pub struct State {
     pub client: reqwest::Client,
     guard: RwLock<Arc<Guard>>,
     /// Per-session bookkeeping, at most `options.max_sessions`, least recently used first out.
-    books: Mutex<LruCache<String, Book>>,
+    /// This lock is held only to find (or make) a session's book; each book has its own lock,
+    /// held while the engine judges that session's events, so sessions never wait on each
+    /// other.
+    books: Mutex<LruCache<String, BookRef>>,
     loader: Option<Arc<dyn Loader>>,
     next_id: AtomicU64,
     /// The key of the credential hashes in session ids: chosen at random at start, or the
@@ -265,18 +276,19 @@ impl State {
         Arc::clone(&self.guard.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn books(&self) -> MutexGuard<'_, LruCache<String, Book>> {
+    fn books(&self) -> MutexGuard<'_, LruCache<String, BookRef>> {
         self.books.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The book of `session`, made the most recently used; a new session beyond
-    /// `max_sessions` evicts the least recently used one (its engine state too).
-    fn book<'a>(
-        &self,
-        books: &'a mut LruCache<String, Book>,
-        session: &str,
-        now: u64,
-    ) -> &'a mut Book {
+    /// `max_sessions` evicts the least recently used one (its engine state too). The books'
+    /// lock is held only for this.
+    fn book(&self, session: &str, now: u64) -> BookRef {
+        let mut books = self.books();
+        self.book_in(&mut books, session, now)
+    }
+
+    fn book_in(&self, books: &mut LruCache<String, BookRef>, session: &str, now: u64) -> BookRef {
         if !books.contains(session) {
             while books.len() >= self.options.max_sessions.max(1) {
                 let Some((old, _)) = books.pop_lru() else {
@@ -288,7 +300,7 @@ impl State {
                 self.metrics.session_evicted("capacity");
             }
         }
-        books.get_or_insert_mut_ref(session, Book::default)
+        Arc::clone(books.get_or_insert_ref(session, BookRef::default))
     }
 
     pub fn session_count(&self) -> usize {
@@ -342,7 +354,6 @@ impl State {
         let guard = self.guard();
         let now = now_ms();
         let mut restored = 0;
-        let mut books = self.books();
         for entry in engines {
             let model = entry.get("model").and_then(Value::as_str);
             let Some(snapshot) = entry.get("snapshot") else {
@@ -358,7 +369,8 @@ impl State {
             for id in ids {
                 restored += 1;
                 let settings = engine.session_settings(&id);
-                let book = self.book(&mut books, &id, now);
+                let book = self.book(&id, now);
+                let mut book = lock(&book);
                 book.last_ms = now;
                 book.settings = settings;
             }
@@ -380,8 +392,9 @@ impl State {
         let setup = loader.load()?;
         let guard = Arc::new(Guard::new(setup, self.backend.clone()));
         let ladders = guard.ladders();
-        for (id, book) in self.books().iter_mut() {
-            if let Some(mode) = &book.settings.mode
+        for (id, book) in self.books().iter() {
+            let mut book = lock(book);
+            if let Some(mode) = book.settings.mode.clone()
                 && !ladders.contains(&mode.as_str())
             {
                 tracing::warn!(session = ?id, mode = ?mode, "the reloaded policy has no such ladder; the session's tool-loop-mode is unset");
@@ -425,11 +438,12 @@ impl State {
         let idle = guard.idle_ms();
         let mut books = self.books();
         // Least recently used first: every use stamps `last_ms`, so the idle ones are at the end.
+        // A book in use right now (its lock taken) is not idle.
         let mut evicted = 0;
-        while books
-            .peek_lru()
-            .is_some_and(|(_, b)| now.saturating_sub(b.last_ms) >= idle)
-        {
+        while books.peek_lru().is_some_and(|(_, b)| {
+            b.try_lock()
+                .is_ok_and(|b| now.saturating_sub(b.last_ms) >= idle)
+        }) {
             books.pop_lru();
             evicted += 1;
             self.metrics.session_evicted("idle");
@@ -468,8 +482,9 @@ impl State {
         };
         let stripped = request::strip_commands(messages, honour);
         let now = now_ms();
-        let mut books = self.books();
-        let book = self.book(&mut books, &turn.session, now);
+        let book = self.book(&turn.session, now);
+        let mut book = lock(&book);
+        let book = &mut *book;
         book.last_ms = now;
         let ladders = guard.ladders();
         if !stripped.errors.is_empty() {
@@ -507,7 +522,6 @@ impl State {
         }
         let anchored: Vec<(String, String)> = book.nudges.iter().cloned().collect();
         let loose = std::mem::take(&mut book.loose);
-        drop(books);
         let placement = self
             .options
             .nudge
@@ -725,8 +739,9 @@ impl Judge for TurnJudge {
         let state = &self.state;
         let turn = &self.turn;
         let now = now_ms();
-        let mut books = state.books();
-        let book = state.book(&mut books, &turn.session, now);
+        let book = state.book(&turn.session, now);
+        let mut book = lock(&book);
+        let book = &mut *book;
         book.last_ms = now;
         let mut done = Vec::new();
         let seen = |v: &Verdict, call: Option<&CallIn>| Intervention {
