@@ -72,6 +72,10 @@ pub struct Args {
     /// from it at start, so that a restart does not forget a loop already warned or refused.
     #[arg(long, value_name = "FILE")]
     state: Option<PathBuf>,
+    /// Append one JSON line per intervention to FILE (the decision log: session, model, turn,
+    /// detector, rule, action, count, request id); see docs/proxy.md.
+    #[arg(long, value_name = "FILE")]
+    decisions: Option<PathBuf>,
     /// Allow in-chat commands only to callers whose API key is listed in FILE (one per line;
     /// implies --allow-chat-commands). The keys are kept only as keyed hashes.
     #[arg(long, value_name = "FILE")]
@@ -143,6 +147,7 @@ pub fn run(args: Args) -> u8 {
         max_connections: args.max_connections,
         max_sessions: args.max_sessions,
         state_file: args.state,
+        decisions: args.decisions,
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         ..Options::new(args.upstream)
     };

@@ -51,6 +51,7 @@
 #![forbid(unsafe_code)]
 
 pub mod commands;
+pub mod decisions;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -124,6 +125,8 @@ pub struct Options {
     /// Where sessions are saved at shutdown and restored from at start, so that a restart
     /// does not forget a loop already warned or refused.
     pub state_file: Option<std::path::PathBuf>,
+    /// The decision log: one JSON line per intervention (see [`decisions`]).
+    pub decisions: Option<std::path::PathBuf>,
 }
 
 /// Who may use in-chat commands (`!/set(…)`, `!/unset(…)`). For anyone else they are plain
@@ -154,6 +157,7 @@ impl Options {
             chat_commands: ChatCommands::Off,
             max_sessions: 100_000,
             state_file: None,
+            decisions: None,
         }
     }
 }
@@ -236,6 +240,12 @@ pub enum ProxyError {
     Signal(#[source] std::io::Error),
     #[error("the server failed: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("cannot open the decision log {path}: {source}")]
+    Decisions {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A bound proxy, ready to serve.
@@ -284,9 +294,21 @@ impl Proxy {
             addr: listen,
             source,
         })?;
-        let state = Arc::new(state::State::new(
-            options, upstream, backend, client, setup, loader,
-        ));
+        let decisions = match &options.decisions {
+            Some(path) => {
+                Some(
+                    decisions::Log::open(path).map_err(|source| ProxyError::Decisions {
+                        path: path.display().to_string(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let state = Arc::new(
+            state::State::new(options, upstream, backend, client, setup, loader)
+                .with_decisions(decisions),
+        );
         if let Some(path) = state.options.state_file.clone() {
             restore_state(&state, &path);
         }

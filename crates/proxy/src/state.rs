@@ -185,6 +185,10 @@ pub struct Turn {
     pub engine: Arc<Engine>,
     /// Whether this caller may use in-chat commands (and is told about them).
     pub commands: bool,
+    /// The client's `x-request-id`, else one the proxy made (for the decision log).
+    pub request_id: String,
+    /// Assistant messages in the request: the response is the next one.
+    pub assistant_turns: u64,
 }
 
 /// What to do with a request once read.
@@ -220,6 +224,8 @@ pub struct State {
     /// own key (never saved).
     command_seed: u64,
     command_keys: Vec<u64>,
+    /// The decision log, when the operator asked for one.
+    decisions: Option<crate::decisions::Log>,
 }
 
 impl std::fmt::Debug for State {
@@ -269,7 +275,14 @@ impl State {
             books: Mutex::new(LruCache::unbounded()),
             loader,
             next_id: AtomicU64::new(1),
+            decisions: None,
         }
+    }
+
+    /// Logs every intervention to `log` from now on.
+    pub fn with_decisions(mut self, log: Option<crate::decisions::Log>) -> State {
+        self.decisions = log;
+        self
     }
 
     pub fn guard(&self) -> Arc<Guard> {
@@ -473,12 +486,20 @@ impl State {
         };
         let guard = self.guard();
         let engine = guard.engine(model.as_deref());
+        let request_id = request_id(headers)
+            .unwrap_or_else(|| format!("lg-{}", self.next_id.fetch_add(1, Ordering::Relaxed)));
+        let assistant_turns = messages
+            .iter()
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+            .count() as u64;
         let turn = Turn {
             session,
             model,
             stream,
             engine,
             commands: honour,
+            request_id,
+            assistant_turns,
         };
         let stripped = request::strip_commands(messages, honour);
         let now = now_ms();
@@ -539,21 +560,28 @@ impl State {
         in_tail: &[bool],
         now: u64,
     ) -> Result<(), Box<ApiError>> {
-        let tail: Vec<&Value> = messages
+        // Each tail message with its turn: the assistant messages before it, as `loopctl
+        // simulate` counts them.
+        let mut assistants = 0u64;
+        let tail: Vec<(&Value, u64)> = messages
             .iter()
             .zip(in_tail)
-            .filter(|(_, t)| **t)
-            .map(|(m, _)| m)
+            .filter_map(|(m, t)| {
+                if m.get("role").and_then(Value::as_str) == Some("assistant") {
+                    assistants += 1;
+                }
+                t.then_some((m, assistants))
+            })
             .collect();
         // A retried request has the same tail at the same place; a user who says the same
         // thing again says it further down the conversation.
         let position = in_tail.iter().position(|t| *t).unwrap_or(messages.len());
-        let text: String = tail.iter().map(|m| m.to_string()).collect();
+        let text: String = tail.iter().map(|(m, _)| m.to_string()).collect();
         let hash = xxh3_64(format!("{position}\u{1e}{text}").as_bytes());
         let repeated = book.tail_hash == Some(hash);
         book.tail_hash = Some(hash);
         let mut after_results = false;
-        for m in tail {
+        for (m, at_turn) in tail {
             let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
             // A user message right after tool results was appended by the host (a framework's
             // observation or "continue" prompt), not written by a person: it resets nothing.
@@ -583,7 +611,7 @@ impl State {
                         continue;
                     }
                     let tool = request::tool_name_for(messages, id);
-                    self.record(&v, &turn.session, tool);
+                    self.record(&v, turn, at_turn, "result", tool, Some(id));
                     if v.action == Action::Terminate {
                         return Err(Box::new(stop_error(&v, tool, turn)));
                     }
@@ -601,7 +629,7 @@ impl State {
                         time_ms: now,
                     }));
                     if !v.is_allow() {
-                        self.record(&v, &turn.session, None);
+                        self.record(&v, turn, at_turn, "user", None, None);
                         if v.action == Action::Terminate {
                             return Err(Box::new(stop_error(&v, None, turn)));
                         }
@@ -616,8 +644,32 @@ impl State {
         Ok(())
     }
 
-    /// Counts and logs a verdict the proxy acts on.
-    fn record(&self, v: &Verdict, session: &str, tool: Option<&str>) {
+    /// Counts and logs a verdict the proxy acts on, and writes it to the decision log.
+    fn record(
+        &self,
+        v: &Verdict,
+        turn: &Turn,
+        at_turn: u64,
+        kind: &'static str,
+        tool: Option<&str>,
+        tool_call_id: Option<&str>,
+    ) {
+        let session = turn.session.as_str();
+        if let Some(log) = &self.decisions {
+            log.write(
+                crate::decisions::At {
+                    request_id: &turn.request_id,
+                    session,
+                    model: turn.model.as_deref(),
+                    turn: at_turn,
+                    kind,
+                    tool,
+                    tool_call_id,
+                },
+                v,
+                now_ms(),
+            );
+        }
         let detector = v.detector.as_deref().unwrap_or("unknown");
         self.metrics.intervention(v.action.as_str(), detector);
         // Client-given text (session ids, tool names) is logged escaped (`?`): a newline in
@@ -634,6 +686,13 @@ impl State {
         tracing::debug!(session = ?session, message = ?v.message, "loop intervention message");
         log_notes(v, session);
     }
+}
+
+/// The client's `x-request-id`: printable ASCII, at most 128 bytes (anything else is ignored).
+fn request_id(headers: &HeaderMap) -> Option<String> {
+    let id = headers.get("x-request-id")?.to_str().ok()?.trim();
+    (!id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| id.to_owned())
 }
 
 fn log_notes(v: &Verdict, session: &str) {
@@ -762,7 +821,7 @@ impl Judge for TurnJudge {
                 time_ms: now,
             }));
             if !v.is_allow() {
-                state.record(&v, &turn.session, None);
+                state.record(&v, turn, turn.assistant_turns + 1, "text", None, None);
                 if v.action == Action::Terminate {
                     return Judged {
                         terminate: Some(stop_error(&v, None, turn)),
@@ -792,7 +851,14 @@ impl Judge for TurnJudge {
                 released.push(i);
                 continue;
             }
-            state.record(&v, &turn.session, Some(&c.name));
+            state.record(
+                &v,
+                turn,
+                turn.assistant_turns + 1,
+                "call",
+                Some(&c.name),
+                Some(&c.id),
+            );
             if v.action != Action::Terminate {
                 done.push(seen(&v, Some(c)));
             }
