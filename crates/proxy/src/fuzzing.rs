@@ -89,10 +89,7 @@ fn turn() -> Option<TurnJudge> {
     });
     let state = state()?;
     match state.prepare(&headers(), &mut json) {
-        Prepared::Forward(turn) => Some(TurnJudge {
-            state: Arc::clone(state),
-            turn,
-        }),
+        Prepared::Forward(turn) => Some(TurnJudge::new(Arc::clone(state), turn)),
         _ => None,
     }
 }

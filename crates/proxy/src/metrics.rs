@@ -75,6 +75,7 @@ pub struct Metrics {
     slow_clients: AtomicU64,
     commands: Labeled,
     reloads: Labeled,
+    second_chances: Labeled,
     latency: Histogram,
 }
 
@@ -126,6 +127,13 @@ impl Metrics {
         self.commands.inc(&[result]);
     }
 
+    /// A repeated call was withheld and the upstream asked once more; `outcome`: `changed`
+    /// (the model made another call), `repeated` (the same call: refused), `failed` (the retry
+    /// could not be made; the warned call went to the client).
+    pub fn second_chance(&self, outcome: &str) {
+        self.second_chances.inc(&[outcome]);
+    }
+
     /// `result`: `ok` or `failed`.
     pub fn reload(&self, result: &str) {
         self.reloads.inc(&[result]);
@@ -170,6 +178,12 @@ impl Metrics {
             "loopguard_proxy_interventions_total",
             "Verdicts the proxy acted on, by action and detector.",
             &["action", "detector"],
+        );
+        self.second_chances.render(
+            &mut out,
+            "loopguard_proxy_second_chances_total",
+            "Repeated calls withheld while the upstream was asked once more (chance_then_break), by outcome (changed, repeated, failed).",
+            &["outcome"],
         );
         self.upstream_errors.render(
             &mut out,

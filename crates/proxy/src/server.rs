@@ -375,14 +375,12 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let judge = TurnJudge {
-        state: Arc::clone(state),
-        turn,
-    };
+    let judge = TurnJudge::new(Arc::clone(state), turn);
     if is_sse {
         return stream(state, resp, judge, started).await;
     }
     let status = resp.status();
+    let client_headers = headers;
     let mut headers = HeaderMap::new();
     passed_back(resp.headers(), &mut headers);
     let raw = match read_upstream(state, resp, deadline).await {
@@ -402,9 +400,9 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
             .into_response();
         }
     };
-    let original = value.clone();
+    let mut original = value.clone();
     let mut judge = judge;
-    let done = match rewrite_response(&mut value, &mut judge) {
+    let mut done = match rewrite_response(&mut value, &mut judge) {
         Ok(done) => done,
         Err(e) => {
             if e.code == "upstream_malformed" {
@@ -413,6 +411,44 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
             return e.into_response();
         }
     };
+    let mut raw = raw;
+    if let Some((call, guidance)) = judge.second_chance() {
+        // chance_then_break: the repeated call is withheld; the upstream hears that it failed
+        // and is asked once more, within this request. Its second answer goes to the client as
+        // if it were the first (the same call again is refused by the ladder's next step).
+        match second_answer(
+            state,
+            client_headers,
+            &json,
+            &original,
+            &call,
+            &guidance,
+            deadline,
+        )
+        .await
+        {
+            Some((again_raw, again)) => {
+                judge.retried = true;
+                let mut rewritten = again.clone();
+                match rewrite_response(&mut rewritten, &mut judge) {
+                    Ok(again_done) => {
+                        let repeated = again_done
+                            .iter()
+                            .any(|i| i.tool_call_id.is_some() && i.action != "warn");
+                        state
+                            .metrics
+                            .second_chance(if repeated { "repeated" } else { "changed" });
+                        original = again;
+                        value = rewritten;
+                        raw = again_raw;
+                        done = again_done;
+                    }
+                    Err(e) => return e.into_response(),
+                }
+            }
+            None => state.metrics.second_chance("failed"),
+        }
+    }
     if !done.is_empty()
         && let Some(obj) = value.as_object_mut()
     {
@@ -432,6 +468,52 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
     out.headers_mut().extend(headers);
     set_intervention_headers(&mut out, &done);
     out
+}
+
+/// The upstream's second answer for a turn whose lone call was a repeat given a second chance:
+/// the request again, with the withheld call and a failed tool result carrying `guidance`
+/// appended. `None` when it cannot be had (the first answer then stands).
+async fn second_answer(
+    state: &Shared,
+    headers: &HeaderMap,
+    request: &Value,
+    first: &Value,
+    call: &crate::judge::CallIn,
+    guidance: &str,
+    deadline: Deadline,
+) -> Option<(Vec<u8>, Value)> {
+    let message = first.get("choices")?.get(0)?.get("message")?.clone();
+    let mut body = request.clone();
+    let messages = body.get_mut("messages")?.as_array_mut()?;
+    messages.push(message);
+    messages.push(serde_json::json!({
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": guidance,
+    }));
+    let bytes = serde_json::to_vec(&body).ok()?;
+    let url = state.upstream.endpoint(["chat", "completions"], None);
+    let resp = timeout_at(
+        deadline,
+        state
+            .client
+            .post(url)
+            .headers(forwarded(headers))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(bytes)
+            .send(),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    if !resp.status().is_success() {
+        state.metrics.upstream_error("status");
+        return None;
+    }
+    let raw = read_upstream(state, resp, deadline).await.ok()?;
+    let value = serde_json::from_slice(&raw).ok()?;
+    tracing::info!(tool = ?call.name, "a repeated call was withheld and the upstream asked once more");
+    Some((raw, value))
 }
 
 /// The `x-loopguard-*` headers of a response the proxy changed (the most severe intervention).

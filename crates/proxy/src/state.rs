@@ -791,6 +791,37 @@ fn invalid_reply(errors: &[String], ladders: &[&str]) -> String {
 pub struct TurnJudge {
     pub state: Arc<State>,
     pub turn: Turn,
+    /// A lone call warned by the `chance_then_break` ladder's first step: the call and the
+    /// guidance. The server withholds it and asks the upstream once more (see
+    /// [`TurnJudge::second_chance`]).
+    pub chance: Option<(CallIn, String)>,
+    /// This judge is judging the upstream's second answer: no further chance.
+    pub retried: bool,
+}
+
+/// The tool result the upstream sees for a repeated call it is given a second chance on.
+pub const SECOND_CHANCE: &str = "This exact call was just made and failed the same way: change \
+     the arguments or the approach.";
+
+impl TurnJudge {
+    /// A judge for a turn of `turn`.
+    pub fn new(state: Arc<State>, turn: Turn) -> TurnJudge {
+        TurnJudge {
+            state,
+            turn,
+            chance: None,
+            retried: false,
+        }
+    }
+
+    /// The call to withhold and the tool result to answer it with, when the upstream's answer
+    /// was a lone repeated call under `chance_then_break` and no second chance was given yet.
+    pub fn second_chance(&mut self) -> Option<(CallIn, String)> {
+        if self.retried {
+            return None;
+        }
+        self.chance.take()
+    }
 }
 
 impl Judge for TurnJudge {
@@ -867,6 +898,15 @@ impl Judge for TurnJudge {
                 Action::Warn => {
                     released.push(i);
                     book.nudge(&c.id, note(&v));
+                    if calls.len() == 1
+                        && !self.retried
+                        && v.rule
+                            .as_deref()
+                            .is_some_and(|r| r.ends_with("ladders.chance_then_break[0]"))
+                    {
+                        self.chance =
+                            Some((c.clone(), format!("{MARK} {SECOND_CHANCE} {}", v.message)));
+                    }
                 }
                 Action::Block => refused.push(note(&v)),
                 Action::Ask => asked.push(note(&v)),
@@ -978,10 +1018,7 @@ mod tests {
 
     fn judge(s: &Arc<State>, body: &mut Value) -> TurnJudge {
         match s.prepare(&HeaderMap::new(), body) {
-            Prepared::Forward(turn) => TurnJudge {
-                state: Arc::clone(s),
-                turn,
-            },
+            Prepared::Forward(turn) => TurnJudge::new(Arc::clone(s), turn),
             other => panic!("{other:?}"),
         }
     }

@@ -66,6 +66,7 @@ pub const RICH: &str = "Résumé ✓ — naïve café 🙂 漢字\n\n| a | b |\n
     ```rust\nfn main() { println!(\"{}\", \"\\\\\"); }\n```\n\ttab, \"quotes\", <html> &amp; \u{2028} end  ";
 
 pub const BUILD: &str = r#"{"command":"cargo build"}"#;
+pub const CHECK: &str = r#"{"command":"cargo check"}"#;
 
 pub fn tool_call(id: &str, name: &str, args: &str) -> Value {
     json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
@@ -205,6 +206,20 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
         ),
         // The same call, with no text beside it.
         "quietloop" => (None, vec![tool_call(&format!("call_{n}"), "bash", BUILD)]),
+        // The same call, until told that it just failed the same way: then another.
+        "chance" => {
+            let told = v["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .is_some_and(|m| {
+                    m["role"] == "tool"
+                        && m["content"]
+                            .as_str()
+                            .is_some_and(|c| c.contains("This exact call was just made"))
+                });
+            let args = if told { CHECK } else { BUILD };
+            (None, vec![tool_call(&format!("call_{n}"), "bash", args)])
+        }
         "converse" => {
             let last = v["messages"].as_array().and_then(|m| m.last()).cloned();
             if last.is_some_and(|m| m["role"] == "tool") {
