@@ -1,0 +1,158 @@
+//! A call event: fingerprinted, recorded in the window, judged by the call detectors and
+//! the group, then escalated.
+
+use super::verdicts::{by_name, drop_exempt};
+use super::*;
+
+impl Session {
+    pub(super) fn on_call(&mut self, c: &Call<'_>) -> Verdict {
+        let rules = Arc::clone(&self.rules);
+        let tool = rules.tool(c.tool);
+        if !tool.watched {
+            // Switched off by the policy: not recorded, so its result is ignored too.
+            return Verdict::allow();
+        }
+        let det = rules.detectors(tool.category);
+        let keys = rules
+            .fingerprint
+            .keys(&tool.keys, &c.arguments, &det.test_fix.test_commands);
+        // A call ends any text turn: that turn was not a monologue. Text said again after a
+        // call is a status line about new work, not a repeated turn.
+        if let Some(text) = &mut self.text {
+            text.end_turn();
+            text.forget_turns();
+        }
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let now = self.rel(c.time_ms);
+        let mut flags = 0;
+        for (on, f) in [
+            (keys.wait, flag::WAIT),
+            (keys.test, flag::TEST),
+            (keys.file_op, flag::FILE_OP),
+            (tool.keys.shell, flag::SHELL),
+            (
+                keys.modify || (tool.modifies && !keys.read_only),
+                flag::MODIFY,
+            ),
+        ] {
+            if on {
+                flags |= f;
+            }
+        }
+        self.push(Record {
+            exact: keys.exact as u32,
+            fuzzy: keys.fuzzy as u32,
+            digest: 0,
+            sketch: 0,
+            call: hash_str(c.call_id) as u32,
+            time: now,
+            tool: tool.id,
+            flags,
+        });
+        self.remember_id(seq, c.call_id);
+        let group = self.group_call(&rules, &keys, tool.id, c.time_ms);
+
+        let w = self.window(now);
+        let a = self.allowance;
+        let unknown = !tool.known || self.unknown.contains(&tool.id);
+        let [exact, fuzzy, cycle, interleaved, unknown_tool] = calls::detect(&w, det, a, unknown);
+        let unknown_tool = unknown_tool.map(|d| by_name(d, &tool.name));
+        // The group loop comes last: on a tie the session's own detectors win.
+        let group_loop = match &group {
+            GroupCheck::Loop(d) => Some(*d),
+            GroupCheck::Quiet | GroupCheck::Unavailable => None,
+        };
+        let mut cands = [exact, fuzzy, cycle, interleaved, unknown_tool, group_loop];
+        drop_exempt(&tool, &mut cands);
+        let hits = rules.plugins.on_call(c, &keys, &tool, &w);
+        let (mut verdict, _) = self.escalate(
+            &rules,
+            &cands,
+            hits,
+            tool.category,
+            u64::from(seq),
+            Some(c),
+            now,
+        );
+        if let Some(armed) = self.armed.take()
+            && armed.tool == tool.id
+            && armed.verdict.action > verdict.action
+        {
+            let notes = std::mem::take(&mut verdict.notes);
+            verdict = armed.verdict;
+            verdict.notes = notes;
+            self.flags = self.flags.saturating_add(1);
+        }
+        if matches!(group, GroupCheck::Unavailable) && verdict.action < Action::Block {
+            let notes = std::mem::take(&mut verdict.notes);
+            verdict = self.store_refusal(c, u64::from(seq));
+            verdict.notes = notes;
+        }
+        if matches!(verdict.action, Action::Block | Action::Terminate)
+            && let Some(i) = self.newest_index()
+            && let Some(r) = self.ring.get_mut(i)
+        {
+            r.flags |= flag::RESULT | flag::ERROR | flag::BLOCKED;
+        }
+        verdict
+    }
+
+    /// Records the call's fuzzy fingerprint in the session's group, if it is a worker of one, and
+    /// says whether the swarm as a whole is looping on it. Waits (`sleep 30`) are not counted.
+    pub(super) fn group_call(
+        &mut self,
+        rules: &CompiledRules,
+        keys: &CallKeys,
+        tool: u16,
+        at_ms: u64,
+    ) -> GroupCheck {
+        let g = &rules.config.group;
+        let Some(m) = self.group.as_deref_mut() else {
+            return GroupCheck::Quiet;
+        };
+        if !g.enabled || keys.wait {
+            return GroupCheck::Quiet;
+        }
+        let tally = m.store.record(&m.group, m.id, keys.fuzzy, at_ms);
+        if tally.is_unavailable() {
+            return GroupCheck::Unavailable;
+        }
+        if tally.count < u64::from(g.threshold) || tally.workers < g.min_workers {
+            return GroupCheck::Quiet;
+        }
+        m.workers = tally.workers;
+        GroupCheck::Loop(Detection {
+            tool: Some(tool),
+            involved: Involved::Fuzzy(keys.fuzzy as u32),
+            ..Detection::new(
+                Det::GroupLoop,
+                keys.fuzzy,
+                u32::try_from(tally.count).unwrap_or(u32::MAX),
+                g.threshold,
+            )
+        })
+    }
+
+    /// The refusal of a call when the group store fails closed.
+    pub(super) fn store_refusal(&self, c: &Call<'_>, seq: u64) -> Verdict {
+        let group = self.group.as_deref().map_or("", |m| &*m.group);
+        let this = CallRef {
+            seq,
+            call_id: c.call_id.to_owned(),
+        };
+        Verdict {
+            action: Action::Block,
+            message: format!(
+                "Refused: {} was not run. The shared loop-detection state of swarm `{group}` is unreachable and this deployment refuses calls it cannot check. Wait a moment and try again, or tell the user the swarm cannot proceed.",
+                c.tool
+            ),
+            detector: Some(Cow::Borrowed("group_store")),
+            rule: Some("group.store".to_owned()),
+            count: 0,
+            calls: vec![this.clone()],
+            loop_start: Some(this),
+            notes: Vec::new(),
+        }
+    }
+}

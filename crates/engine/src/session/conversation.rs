@@ -1,0 +1,158 @@
+//! Text and user-message events: monologues and repeated turns; what a person's message
+//! resets; a reset.
+
+use super::*;
+
+impl Session {
+    pub(super) fn on_text(&mut self, t: &Text<'_>) -> Verdict {
+        let rules = Arc::clone(&self.rules);
+        let p = &rules.config.detectors;
+        let end = !t.chunk || t.end_of_turn;
+        let ts = self.text.get_or_insert_with(Box::default);
+        let occasion = TEXT_OCCASION | ts.turn_no.wrapping_add(1);
+        // Reasoning is only scanned for chanting: it is not a turn of its own.
+        if !t.reasoning {
+            ts.turn.feed(t.text);
+        }
+        let mut chant = None;
+        if p.chanting.enabled {
+            let ch = ts.chant.get_or_insert_with(Box::default);
+            chant = ch.feed(t.text, &p.chanting);
+            if end || (t.reasoning && !t.chunk) {
+                chant = chant.or(ch.end(&p.chanting));
+                // Idle sessions keep no text buffers.
+                ts.chant = None;
+            }
+        }
+        let chanting = chant
+            .map(|(key, count)| Detection::new(Det::Chanting, key, count, p.chanting.threshold));
+        let mut cands = [None, None, chanting];
+        // Narration beside calls is not a turn without action, nor a repeated turn: the calls
+        // are judged, not the words.
+        if end && !t.reasoning {
+            ts.turn_no = ts.turn_no.wrapping_add(1);
+        }
+        if end && !t.reasoning && !t.narration {
+            let (digest, chars) = ts.turn.take();
+            ts.monologue = ts.monologue.saturating_add(1);
+            if p.monologue.enabled && ts.monologue >= p.monologue.threshold {
+                cands[0] = Some(Detection::new(
+                    Det::Monologue,
+                    0x6d6f_6e6f,
+                    ts.monologue,
+                    p.monologue.threshold,
+                ));
+            }
+            // Empty turns count too: nothing said again, each answered by a host prompt.
+            if p.text_repeat.enabled && (chars >= p.text_repeat.min_chars || chars == 0) {
+                let seen = ts.turns[..ts.turns_len]
+                    .iter()
+                    .filter(|&&d| d == digest)
+                    .count() as u32;
+                ts.turns[ts.turns_next] = digest;
+                ts.turns_next = (ts.turns_next + 1) % TURNS;
+                ts.turns_len = (ts.turns_len + 1).min(TURNS);
+                if seen + 1 >= p.text_repeat.threshold {
+                    cands[1] = Some(Detection::new(
+                        Det::TextRepeat,
+                        digest,
+                        seen + 1,
+                        p.text_repeat.threshold,
+                    ));
+                }
+            }
+        }
+        if end && t.narration {
+            ts.turn = TurnText::default();
+        }
+        let now = self.rel(t.time_ms);
+        let hits = rules.plugins.on_text(t, &self.window(now));
+        self.escalate(&rules, &cands, hits, None, occasion, None, now)
+            .0
+    }
+
+    pub(super) fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
+        let user = &self.rules.config.user;
+        if u.injected || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
+            return Verdict::allow();
+        }
+        if let Some(text) = &mut self.text {
+            text.end_turn();
+        }
+        let allowance = allowance(user, u.text);
+        let retry = user.retry_requests.iter().any(|re| re.is_match(u.text));
+        if self.rules.config.time.reset_on_user_message {
+            // The calls so far are set aside; their loops keep their escalation unless the
+            // person asked for a retry or for repetitions. A refusal decided on a result is
+            // dropped: the person may have changed what the next call will find.
+            self.user_seq = self.seq;
+            self.user_turn = if retry || allowance > 0 {
+                self.loops.clear();
+                UserTurn::Final
+            } else {
+                UserTurn::Pending
+            };
+            self.armed = None;
+        }
+        self.allowance = allowance;
+        Verdict::allow()
+    }
+
+    pub(super) fn reset_all(&mut self) {
+        self.clear_window();
+        self.loops.clear();
+        self.seq = 0;
+        self.has_epoch = false;
+        self.ids.clear();
+        self.flags = 0;
+        self.allowance = 0;
+        if let Some(text) = &mut self.text {
+            text.end_turn();
+            text.forget_turns();
+        }
+        self.unknown.clear();
+        self.armed = None;
+        self.user_seq = 0;
+        self.user_turn = UserTurn::Open;
+        if let Some(m) = self.group.as_deref_mut() {
+            m.loops.clear();
+        }
+    }
+}
+
+/// Extra repeats a user message asks for: the number it names, else the policy's allowance;
+/// 0 when it asks for no repetition.
+pub(crate) fn allowance(user: &loopguard_rules::config::User, text: &str) -> u32 {
+    let Some(m) = user.repeat_requests.iter().find_map(|re| re.find(text)) else {
+        return 0;
+    };
+    let s = m.as_str();
+    // "5 times" names a count; "every 5 seconds" names an interval.
+    let times = s.to_ascii_lowercase().contains("time");
+    let digits: String = s.chars().filter(char::is_ascii_digit).collect();
+    if times && let Ok(n) = digits.parse::<u32>() {
+        return n;
+    }
+    const WORDS: &[(&str, u32)] = &[
+        ("once", 1),
+        ("twice", 2),
+        ("thrice", 3),
+        ("two", 2),
+        ("three", 3),
+        ("four", 4),
+        ("five", 5),
+        ("six", 6),
+        ("seven", 7),
+        ("eight", 8),
+        ("nine", 9),
+        ("ten", 10),
+    ];
+    s.split(|c: char| !c.is_alphabetic())
+        .find_map(|w| {
+            WORDS
+                .iter()
+                .find(|(name, _)| w.eq_ignore_ascii_case(name))
+                .map(|&(_, n)| n)
+        })
+        .unwrap_or(user.repeat_allowance)
+}

@@ -1,0 +1,167 @@
+//! A result event: normalized, matched with its call, judged by the result detectors.
+
+use super::verdicts::{by_name, drop_exempt};
+use super::*;
+
+impl Session {
+    pub(super) fn on_result(&mut self, r: &ToolResult<'_>) -> Verdict {
+        let rules = Arc::clone(&self.rules);
+        let now = self.rel(r.time_ms);
+        let h = hash_str(r.call_id) as u32;
+        let cap = self.cap();
+        let Some(k) = self.full_window(now).iter().position(|x| x.call == h) else {
+            return Verdict::allow();
+        };
+        let outcome = rules.results.outcome(r);
+        let idx = (self.start as usize + self.len as usize - 1 - k) % cap;
+        let Some(rec) = self.ring.get_mut(idx) else {
+            return Verdict::allow();
+        };
+        rec.flags &= !(flag::RESULT
+            | flag::ERROR
+            | flag::EMPTY
+            | flag::RETRYABLE
+            | flag::BLOCKED
+            | flag::CHANGED
+            | flag::SKETCH);
+        rec.flags |= flag::RESULT;
+        for (on, f) in [
+            (outcome.error, flag::ERROR),
+            (outcome.empty, flag::EMPTY),
+            (outcome.retryable, flag::RETRYABLE),
+        ] {
+            if on {
+                rec.flags |= f;
+            }
+        }
+        rec.digest = outcome.digest as u32;
+        rec.sketch = outcome.sketch.unwrap_or(0);
+        if outcome.sketch.is_some() {
+            rec.flags |= flag::SKETCH;
+        }
+        let mut rec = *rec;
+        // Did the world this call looks at change since its previous run?
+        let full = self.full_window(now);
+        let changed = (k + 1..full.len())
+            .filter_map(|i| full.get(i))
+            .find(|o| o.exact == rec.exact && o.real_result())
+            .is_some_and(|o| !rec.same_outcome_as(o));
+        if changed && let Some(r) = self.ring.get_mut(idx) {
+            r.flags |= flag::CHANGED;
+            rec = *r;
+        }
+        let tool = rules.tool_by_id(rec.tool);
+        let category = tool.as_ref().and_then(|t| t.category);
+        let det = rules.detectors(category);
+        if outcome.error
+            && det.unknown_tool.enabled
+            && !self.unknown.contains(&rec.tool)
+            && det
+                .unknown_tool
+                .error_patterns
+                .iter()
+                .any(|re| re.is_match(r.output))
+        {
+            if self.unknown.len() >= MAX_UNKNOWN {
+                self.unknown.remove(0);
+            }
+            self.unknown.push(rec.tool);
+        }
+        let lifted = self.judge_user_turn(&rec, k, now);
+        let w = self.window(now);
+        if k >= w.len() {
+            // A call set aside by a person's message.
+            return Verdict::allow();
+        }
+        let a = self.allowance;
+        // The call was judged without the calls before a person's message; its outcome just
+        // showed that message changed nothing, so it is judged again with them.
+        let [exact, fuzzy, cycle, interleaved, _] = if lifted && k == 0 {
+            let unknown = self.unknown.contains(&rec.tool);
+            calls::detect(&w, det, a, unknown)
+        } else {
+            [None; 5]
+        };
+        let mut cands = [
+            results::no_progress(&w, k, &det.no_progress, a),
+            results::same_outcome(&w, k, &det.same_outcome),
+            results::error_cascade(&w, k, &det.error_cascade)
+                .map(|d| tool.as_ref().map_or(d, |t| by_name(d, &t.name))),
+            results::test_fix(&w, k, &det.test_fix),
+            calls::failing_cycle(&w, k, &det.cycle, a),
+            exact,
+            fuzzy,
+            cycle,
+            interleaved,
+        ];
+        if let Some(t) = tool.as_deref() {
+            drop_exempt(t, &mut cands);
+        }
+        // Plugins see the engine's judgement of failure (error patterns included).
+        let judged = ToolResult {
+            is_error: outcome.error,
+            ..*r
+        };
+        let hits = rules
+            .plugins
+            .on_result(&judged, tool.as_deref(), &rec, outcome.digest, &w);
+        let seq = self.seq.wrapping_sub(k as u32);
+        let (verdict, file_tools_hint) =
+            self.escalate(&rules, &cands, hits, category, u64::from(seq), None, now);
+        if verdict.action != Action::Block {
+            return verdict;
+        }
+        // The call already ran: warn now, refuse the next call of this tool.
+        let tool_name = tool.as_ref().map_or("the tool", |t| &*t.name);
+        let warning = Verdict {
+            action: Action::Warn,
+            message: format!(
+                "{tool_name} keeps producing the same outcome ({}, {} times). The next {tool_name} call will be refused unless you change your approach.{}",
+                verdict.detector.as_deref().unwrap_or("loop"),
+                verdict.count,
+                if file_tools_hint { FILE_TOOLS_HINT } else { "" }
+            ),
+            ..verdict.clone()
+        };
+        let mut verdict = Verdict {
+            notes: Vec::new(),
+            ..verdict
+        };
+        // A plugin's message can be any size: the waiting refusal keeps a bounded one.
+        clip_text(&mut verdict.message, MAX_TEXT_BYTES);
+        verdict.calls.truncate(MAX_WINDOW);
+        self.armed = Some(Box::new(Armed {
+            tool: rec.tool,
+            verdict,
+        }));
+        warning
+    }
+
+    /// A result of the call at `k` (its record `rec`) arrived: if a person's message set calls
+    /// aside and this call repeats one of them, their outcomes say whether the message changed
+    /// anything.
+    /// Returns whether the calls set aside count again from now on.
+    pub(super) fn judge_user_turn(&mut self, rec: &Record, k: usize, now: u32) -> bool {
+        if self.user_turn != UserTurn::Pending || !rec.real_result() {
+            return false;
+        }
+        let after = self.seq.wrapping_sub(self.user_seq) as usize;
+        if k >= after {
+            return false;
+        }
+        let w = self.full_window(now);
+        let before = (after..w.len())
+            .filter_map(|i| w.get(i))
+            .find(|o| o.exact == rec.exact && o.real_result());
+        let Some(o) = before else {
+            return false;
+        };
+        let unchanged = rec.same_outcome_as(o);
+        self.user_turn = if unchanged {
+            UserTurn::Open
+        } else {
+            UserTurn::Final
+        };
+        unchanged
+    }
+}
