@@ -9,7 +9,7 @@
 //! `tags`, `description`, `id` and `source` and nothing else. A file with both, or with neither,
 //! is bad input.
 //!
-//! Every case is replayed by the same [`simulate::replay`] as `loopctl simulate`, through a fresh
+//! Every case is replayed by the same replay as `loopctl simulate` (`loopguard_transcript::replay`), through a fresh
 //! engine built the same way (policy, `LOOPGUARD_*` tier, overrides, plugins). The first
 //! intervention (any action but `allow`) decides: inside `[earliest, latest]` a loop case passes,
 //! before it is `early`, after it or never is `late` / `missed`; a non-loop case passes when

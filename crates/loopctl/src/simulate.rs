@@ -10,9 +10,9 @@
 //! file), their events merged by time (ties in file order, each file's own order kept), so that
 //! the group detector sees the calls of every worker.
 //!
-//! The replay itself ([`replay`]) is shared with `loopctl test`: it returns the list of
-//! [`Intervention`]s and reports the rest of the timeline to a caller-supplied sink, so both
-//! commands judge exactly the same verdicts.
+//! The replay itself (`loopguard_transcript::replay`) is shared with `loopctl test` and the
+//! Python package: it returns the list of interventions and reports the rest of the timeline to
+//! a caller-supplied sink, so all of them judge exactly the same verdicts.
 
 use std::path::{Path, PathBuf};
 
