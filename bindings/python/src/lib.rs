@@ -66,12 +66,7 @@ impl Policy {
                 sources: Arc::new(loaded.sources),
             }),
             None => {
-                let mut report: Vec<String> = loaded
-                    .diagnostics
-                    .iter()
-                    .filter(|d| d.is_error())
-                    .map(|d| loaded.sources.render(d))
-                    .collect();
+                let mut report = loaded.rendered_errors();
                 report.push(format!("error: the policy {name} is invalid"));
                 Err(PolicyError::new_err(report.join("\n")))
             }

@@ -59,12 +59,7 @@ pub(crate) fn load(path: Option<&Path>) -> Result<Loaded, Failure> {
             sources: loaded.sources,
         }),
         None => {
-            let mut text: Vec<String> = loaded
-                .diagnostics
-                .iter()
-                .filter(|d| d.is_error())
-                .map(|d| loaded.sources.render(d))
-                .collect();
+            let mut text = loaded.rendered_errors();
             text.push(format!(
                 "error: the policy {} is invalid; run `loopctl validate` on it",
                 path.map_or("rules/default.yaml".into(), |p| p.display().to_string())

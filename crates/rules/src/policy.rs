@@ -76,6 +76,16 @@ impl Loaded {
     pub fn has_errors(&self) -> bool {
         self.diagnostics.iter().any(Diagnostic::is_error)
     }
+
+    /// Every error, rendered against the sources as `loopctl validate` prints it
+    /// (`file:line:col`, the snippet underlined, the help).
+    pub fn rendered_errors(&self) -> Vec<String> {
+        self.diagnostics
+            .iter()
+            .filter(|d| d.is_error())
+            .map(|d| self.sources.render(d))
+            .collect()
+    }
 }
 
 impl Policy {
