@@ -182,7 +182,11 @@ impl EngineBuilder<'_> {
             PluginChoice::FromPolicy => CompiledRules::new(config),
         };
         let _ = enabled;
-        let engine = Engine::from_rules(rules);
+        let target = crate::engine::Target {
+            backend: self.backend,
+            model: self.model,
+        };
+        let engine = Engine::from_rules(rules).set_resolver(self.policy, target, self.server);
         Ok(match self.store {
             StoreChoice::Own => engine,
             StoreChoice::Shared(store) => engine.set_store(store, None),

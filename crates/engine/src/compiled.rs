@@ -41,10 +41,35 @@ impl ToolInfo {
     }
 }
 
+/// Tool ids, shared by every variant of one engine's rules (whatever their configuration), so
+/// that an id in a session's window means the same tool name when the session's rules change.
+#[derive(Debug, Default)]
+pub(crate) struct ToolIds {
+    by_name: HashMap<Box<str>, u16, BuildHasherDefault<MapHasher>>,
+    count: usize,
+}
+
+impl ToolIds {
+    /// The id of `name`, given on its first use; `u16::MAX` once the table is full.
+    fn id(&mut self, name: &str) -> u16 {
+        if let Some(&id) = self.by_name.get(name) {
+            return id;
+        }
+        if self.count >= MAX_TOOLS {
+            return u16::MAX;
+        }
+        let id = self.count as u16;
+        self.count += 1;
+        self.by_name.insert(name.into(), id);
+        id
+    }
+}
+
+/// The decisions of one configuration about the tools it has seen, by name and by id.
 #[derive(Debug, Default)]
 struct ToolTable {
-    by_name: HashMap<Box<str>, u16, BuildHasherDefault<MapHasher>>,
-    infos: Vec<Arc<ToolInfo>>,
+    by_name: HashMap<Box<str>, Arc<ToolInfo>, BuildHasherDefault<MapHasher>>,
+    by_id: Vec<Option<Arc<ToolInfo>>>,
 }
 
 /// The policy's configuration, compiled for the detectors.
@@ -57,6 +82,7 @@ pub struct CompiledRules {
     pub(crate) fingerprint: Arc<FingerprintRules>,
     pub(crate) results: Arc<ResultRules>,
     tools: Arc<RwLock<ToolTable>>,
+    ids: Arc<RwLock<ToolIds>>,
     /// Detector plugins (none without the `plugins` feature).
     pub(crate) plugins: Arc<Plugins>,
 }
@@ -69,6 +95,7 @@ impl CompiledRules {
             results: Arc::new(ResultRules::from_config(&config)),
             config,
             tools: Arc::default(),
+            ids: Arc::default(),
             plugins: Arc::default(),
         }
     }
@@ -85,6 +112,21 @@ impl CompiledRules {
             fingerprint: Arc::clone(&self.fingerprint),
             results: Arc::clone(&self.results),
             tools: Arc::clone(&self.tools),
+            ids: Arc::clone(&self.ids),
+            plugins: Arc::clone(&self.plugins),
+        }
+    }
+
+    /// Rules for another resolved configuration of the same policy (the policy's overrides
+    /// for another backend or model): compiled anew, sharing the plugins and the tool ids, so a
+    /// session moved onto them keeps a window whose tool ids mean the same tool names.
+    pub(crate) fn sibling(&self, config: Config) -> CompiledRules {
+        CompiledRules {
+            fingerprint: Arc::new(FingerprintRules::from_config(&config)),
+            results: Arc::new(ResultRules::from_config(&config)),
+            config,
+            tools: Arc::default(),
+            ids: Arc::clone(&self.ids),
             plugins: Arc::clone(&self.plugins),
         }
     }
@@ -122,36 +164,46 @@ impl CompiledRules {
     pub fn tool(&self, name: &str) -> Arc<ToolInfo> {
         {
             let table = self.tools.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(&id) = table.by_name.get(name)
-                && let Some(info) = table.infos.get(usize::from(id))
-            {
+            if let Some(info) = table.by_name.get(name) {
                 return Arc::clone(info);
             }
         }
         let mut table = self.tools.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(&id) = table.by_name.get(name)
-            && let Some(info) = table.infos.get(usize::from(id))
-        {
+        if let Some(info) = table.by_name.get(name) {
             return Arc::clone(info);
         }
-        let full = table.infos.len() >= MAX_TOOLS;
-        let id = if full {
-            u16::MAX
-        } else {
-            table.infos.len() as u16
-        };
+        let id = self.ids.write().unwrap_or_else(|e| e.into_inner()).id(name);
         let info = Arc::new(self.describe(id, name));
-        if !full {
-            table.by_name.insert(name.into(), id);
-            table.infos.push(Arc::clone(&info));
+        if id != u16::MAX {
+            table.by_name.insert(name.into(), Arc::clone(&info));
+            let at = usize::from(id);
+            if table.by_id.len() <= at {
+                table.by_id.resize(at + 1, None);
+            }
+            if let Some(slot) = table.by_id.get_mut(at) {
+                *slot = Some(Arc::clone(&info));
+            }
         }
         info
     }
 
-    /// A tool by the id it was given.
+    /// A tool by the id it was given (in this configuration, or in another of the same
+    /// engine's, whose decision is then made here under this configuration).
     pub fn tool_by_id(&self, id: u16) -> Option<Arc<ToolInfo>> {
-        let table = self.tools.read().unwrap_or_else(|e| e.into_inner());
-        table.infos.get(usize::from(id)).cloned()
+        {
+            let table = self.tools.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(Some(info)) = table.by_id.get(usize::from(id)) {
+                return Some(Arc::clone(info));
+            }
+        }
+        let name = {
+            let ids = self.ids.read().unwrap_or_else(|e| e.into_inner());
+            ids.by_name
+                .iter()
+                .find(|(_, i)| **i == id)
+                .map(|(n, _)| n.clone())
+        }?;
+        Some(self.tool(&name))
     }
 
     fn describe(&self, id: u16, name: &str) -> ToolInfo {

@@ -10,9 +10,12 @@
 //! [`crate::EngineBuilder::server_settings`]) → the
 //! policy's overrides matched by (backend, model) → the session's own settings
 //! ([`Engine::set_session_settings`]). A key a tier leaves unset falls through to the tier below.
-//! The effective configuration is resolved when a session starts or its settings change, never
-//! per event: the engine compiles the rules once per distinct session [`Settings`] and each
-//! session holds the compiled rules of its tier.
+//! The (backend, model) is the engine's (from its builder) unless a session names its own
+//! ([`Engine::set_session_target`]), so one engine serves every model a host talks to.
+//! The effective configuration is resolved when a session starts or its target or settings
+//! change, never per event: the engine compiles the rules once per distinct list of matching
+//! overrides and session [`Settings`] (not once per model name), and each session holds the
+//! compiled rules of its tier.
 //!
 //! # Scopes
 //!
@@ -53,13 +56,46 @@ fn lock(session: &Mutex<Session>) -> MutexGuard<'_, Session> {
 /// the engine holds more than this many.
 const MAX_VARIANTS: usize = 32;
 
+/// Most distinct lists of matching overrides compiled; sessions whose target matches another
+/// list beyond this run the engine's own rules (a client naming many models cannot make the
+/// engine compile without bound).
+const MAX_TARGETS: usize = 64;
+
+/// The backend and model a session talks to: what the policy's `overrides` match.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    /// The backend (e.g. the model server's host); `None`: the engine's.
+    pub backend: Option<String>,
+    /// The model; `None`: the engine's.
+    pub model: Option<String>,
+}
+
+/// What an engine built from a policy keeps to resolve a session's own target.
+#[derive(Debug)]
+struct Resolver {
+    policy: loopguard_rules::Policy,
+    /// The engine's own target (the builder's backend and model).
+    target: Target,
+    server: Settings,
+    /// The overrides matching the engine's own target.
+    overrides: Vec<usize>,
+}
+
+/// Rules keyed by the list of matching overrides (`None`: the engine's own target) and the
+/// session settings they were compiled with.
+type Variants = Vec<(Option<Vec<usize>>, Settings, Arc<CompiledRules>)>;
+
 /// Sessions by id, each observed under its own lock.
 #[derive(Debug)]
 pub struct Engine {
-    /// The rules of sessions with no settings of their own.
+    /// The rules of sessions with no settings or target of their own.
     rules: Arc<CompiledRules>,
-    /// The rules compiled for each distinct session settings tier.
-    variants: Mutex<Vec<(Settings, Arc<CompiledRules>)>>,
+    /// How to resolve a session's own target (engines built from a policy).
+    resolver: Option<Box<Resolver>>,
+    /// The rules compiled for each distinct target (by its matching overrides).
+    targets: Mutex<Vec<(Vec<usize>, Arc<CompiledRules>)>>,
+    /// The rules compiled for each distinct (target, session settings) pair.
+    variants: Mutex<Variants>,
     store: Arc<dyn GroupStore>,
     /// The engine's store when it is in memory: its state goes into [`Engine::snapshot`].
     memory: Option<Arc<MemoryStore>>,
@@ -78,6 +114,8 @@ impl Engine {
         let memory = Arc::new(MemoryStore::default());
         Engine {
             rules: Arc::new(rules),
+            resolver: None,
+            targets: Mutex::new(Vec::new()),
             variants: Mutex::new(Vec::new()),
             store: Arc::clone(&memory) as Arc<dyn GroupStore>,
             memory: Some(memory),
@@ -95,6 +133,25 @@ impl Engine {
     ) -> Engine {
         self.store = store;
         self.memory = memory;
+        self
+    }
+
+    /// The engine resolves sessions' own targets against `policy` (only [`crate::EngineBuilder`]
+    /// calls it, before any session exists).
+    pub(crate) fn set_resolver(
+        mut self,
+        policy: &loopguard_rules::Policy,
+        target: Target,
+        server: Settings,
+    ) -> Engine {
+        let overrides =
+            policy.matching_overrides(target.backend.as_deref(), target.model.as_deref());
+        self.resolver = Some(Box::new(Resolver {
+            policy: policy.clone(),
+            target,
+            server,
+            overrides,
+        }));
         self
     }
 
@@ -210,8 +267,64 @@ impl Engine {
     /// within 2 to 1000 (what [`Settings::set`] accepts).
     pub fn set_session_settings(&self, session: &str, settings: Settings) {
         let settings = self.sanitize(settings);
-        let rules = self.rules_for(&settings);
-        lock(&self.get_or_start(session)).set_rules(rules, settings);
+        let handle = self.get_or_start(session);
+        let mut s = lock(&handle);
+        let overrides = s.target().map(|(_, o)| o.clone());
+        let rules = self.rules_for(overrides.as_deref(), &settings);
+        s.set_rules(rules, settings);
+    }
+
+    /// Resolves a session for the backend and model it talks to: the policy's `overrides` that
+    /// match them apply to it from now on (the session starts if it did not exist). `None` for
+    /// either keeps the engine's own (the builder's). Cheap when nothing changes, so a host may
+    /// call it with every request; rules are compiled once per distinct list of matching
+    /// overrides. The window and loop counters stay (tool ids mean the same tools in every
+    /// target's rules). An engine not built from a policy ([`Engine::new`]) has no overrides to
+    /// apply and ignores it.
+    pub fn set_session_target(&self, session: &str, backend: Option<&str>, model: Option<&str>) {
+        let Some(r) = &self.resolver else {
+            return;
+        };
+        let target = Target {
+            backend: backend
+                .map(str::to_owned)
+                .or_else(|| r.target.backend.clone()),
+            model: model.map(str::to_owned).or_else(|| r.target.model.clone()),
+        };
+        let overrides = r
+            .policy
+            .matching_overrides(target.backend.as_deref(), target.model.as_deref());
+        let handle = self.get_or_start(session);
+        let mut s = lock(&handle);
+        let current = s.target().map_or(&r.overrides, |(_, o)| o);
+        if *current == overrides {
+            if s.target().is_some_and(|(t, _)| *t != target) {
+                s.set_target(Some((target, overrides)));
+            }
+            return;
+        }
+        let settings = s.settings();
+        let rules = self.rules_for(Some(&overrides), &settings);
+        s.set_rules(rules, settings);
+        s.set_target(Some((target, overrides)));
+    }
+
+    /// The backend and model a session's rules were resolved for: its own
+    /// ([`Engine::set_session_target`]), else the engine's.
+    pub fn session_target(&self, session: &str) -> Target {
+        let own = self.with_session(session, |s| s.target().map(|(t, _)| t.clone()));
+        match (own.flatten(), &self.resolver) {
+            (Some(t), _) => t,
+            (None, Some(r)) => r.target.clone(),
+            (None, None) => Target::default(),
+        }
+    }
+
+    /// The rules a session runs (its target's and settings'), or the engine's own for a session
+    /// that does not exist.
+    pub fn session_rules(&self, session: &str) -> Arc<CompiledRules> {
+        self.with_session(session, |s| Arc::clone(s.rules()))
+            .unwrap_or_else(|| Arc::clone(&self.rules))
     }
 
     /// A session's own settings tier (empty when it has none, or does not exist).
@@ -232,22 +345,55 @@ impl Engine {
         settings
     }
 
-    /// The rules for a session settings tier: the engine's own for an empty one, else compiled
-    /// once per distinct settings.
-    pub(crate) fn rules_for(&self, settings: &Settings) -> Arc<CompiledRules> {
-        if settings.is_empty() {
+    /// The rules of a target (by its matching overrides; `None` or the engine's own list: the
+    /// engine's rules), compiled once per list.
+    fn target_rules(&self, overrides: Option<&[usize]>) -> Arc<CompiledRules> {
+        let (Some(overrides), Some(r)) = (overrides, &self.resolver) else {
+            return Arc::clone(&self.rules);
+        };
+        if overrides == r.overrides.as_slice() {
             return Arc::clone(&self.rules);
         }
+        let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, rules)) = targets.iter().find(|(o, _)| o.as_slice() == overrides) {
+            return Arc::clone(rules);
+        }
+        if targets.len() >= MAX_TARGETS {
+            return Arc::clone(&self.rules);
+        }
+        let config = r.policy.resolve_matching(overrides, &r.server);
+        let rules = Arc::new(self.rules.sibling(config));
+        targets.push((overrides.to_vec(), Arc::clone(&rules)));
+        rules
+    }
+
+    /// The rules for a target and a session settings tier: the target's own for an empty tier,
+    /// else compiled once per distinct (target, settings).
+    pub(crate) fn rules_for(
+        &self,
+        overrides: Option<&[usize]>,
+        settings: &Settings,
+    ) -> Arc<CompiledRules> {
+        let base = self.target_rules(overrides);
+        if settings.is_empty() {
+            return base;
+        }
+        // The engine's own target is `None`, whatever list it was asked for with.
+        let key = if Arc::ptr_eq(&base, &self.rules) {
+            None
+        } else {
+            overrides.map(<[usize]>::to_vec)
+        };
         let mut variants = self.variants.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, r)) = variants.iter().find(|(s, _)| s == settings) {
+        if let Some((_, _, r)) = variants.iter().find(|(o, s, _)| *o == key && s == settings) {
             return Arc::clone(r);
         }
         if variants.len() >= MAX_VARIANTS {
             // Only the engine holds them: no session uses these settings any more.
-            variants.retain(|(_, r)| Arc::strong_count(r) > 1);
+            variants.retain(|(_, _, r)| Arc::strong_count(r) > 1);
         }
-        let rules = Arc::new(self.rules.with_settings(settings));
-        variants.push((settings.clone(), Arc::clone(&rules)));
+        let rules = Arc::new(base.with_settings(settings));
+        variants.push((key, settings.clone(), Arc::clone(&rules)));
         rules
     }
 
@@ -307,8 +453,23 @@ impl Engine {
             });
         }
         let settings = self.sanitize(settings);
-        let rules = self.rules_for(&settings);
-        Session::from_snapshot(id, body, rules, settings, &self.store)
+        let target = match (&body.target, &self.resolver) {
+            (Some(t), Some(r)) => {
+                let target = Target {
+                    backend: t.backend.clone(),
+                    model: t.model.clone(),
+                };
+                let overrides = r
+                    .policy
+                    .matching_overrides(target.backend.as_deref(), target.model.as_deref());
+                Some((target, overrides))
+            }
+            _ => None,
+        };
+        let rules = self.rules_for(target.as_ref().map(|(_, o)| o.as_slice()), &settings);
+        let mut session = Session::from_snapshot(id, body, rules, settings, &self.store)?;
+        session.set_target(target);
+        Ok(session)
     }
 
     /// Every session, and the group state when the engine keeps it in memory, as one JSON

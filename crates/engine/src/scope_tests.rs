@@ -122,6 +122,95 @@ fn session_over_overrides_over_server_over_policy() {
     assert_eq!(threshold(&over, "other"), 7);
 }
 
+/// One engine serves every model: each session is resolved for its own (backend, model), the
+/// session tier stays on top, and the window and counters survive a change of model.
+#[test]
+fn one_engine_resolves_each_sessions_model_over_the_tiers() {
+    let p = policy(TIERS);
+    let engine = Engine::builder(&p)
+        .server_settings(env_server())
+        .build()
+        .unwrap();
+    engine.set_session_target("mini", None, Some("gpt-4o-mini"));
+    engine.set_session_target("claude", None, Some("claude-3"));
+    assert_eq!(threshold(&engine, "mini"), 7);
+    assert_eq!(threshold(&engine, "claude"), 5);
+    assert_eq!(ladder(&engine, "mini"), "break");
+    assert_eq!(
+        engine.session_target("mini").model.as_deref(),
+        Some("gpt-4o-mini")
+    );
+    // Models matching the same overrides share one compiled rule set.
+    engine.set_session_target("big", None, Some("gpt-4o-2024"));
+    assert!(Arc::ptr_eq(
+        &engine.session_rules("mini"),
+        &engine.session_rules("big")
+    ));
+    // The session tier over the session's target.
+    let nine = Settings {
+        max_repeats: Some(9),
+        ..Settings::default()
+    };
+    engine.set_session_settings("mini", nine.clone());
+    assert_eq!(threshold(&engine, "mini"), 9);
+    engine.set_session_settings("mini", Settings::default());
+    assert_eq!(threshold(&engine, "mini"), 7);
+    // A change of model keeps the window: three identical calls under gpt-4o's threshold of 7
+    // (another detector off), then the 4th under the policy's 3 is flagged.
+    let p2 = policy(&TIERS.replace(
+        "exact_repeat: { threshold: 3 }",
+        "exact_repeat: { threshold: 3 }\n  fuzzy_repeat: { enabled: false }",
+    ));
+    let switching = Engine::builder(&p2).model("gpt-4o").build().unwrap();
+    let args = json!({"command": "make"});
+    for i in 0..3 {
+        let v = call(
+            &switching,
+            "switch",
+            &format!("c{i}"),
+            "bash",
+            &args,
+            i * 1000,
+        );
+        assert!(v.is_allow(), "call {i}: {v:?}");
+    }
+    switching.set_session_target("switch", None, Some("claude-3"));
+    assert_eq!(threshold(&switching, "switch"), 3);
+    let v = call(&switching, "switch", "c3", "bash", &args, 5000);
+    assert_eq!(v.detector.as_deref(), Some("exact_repeat"), "{v:?}");
+    assert_eq!(v.count, 4, "the window survived the change of model: {v:?}");
+    // The target travels with the session's snapshot.
+    let snap = engine.snapshot_session("mini").unwrap();
+    assert_eq!(snap["target"]["model"], "gpt-4o-mini");
+    let other = Engine::builder(&p).build().unwrap();
+    other.restore_session("mini", &snap).unwrap();
+    assert_eq!(threshold(&other, "mini"), 7);
+}
+
+/// A client naming many models makes the engine compile one rule set per distinct list of
+/// matching overrides, not one per name.
+#[test]
+fn many_model_names_compile_one_rule_set_per_matching_override_list() {
+    let p = policy(TIERS);
+    let engine = Engine::builder(&p).build().unwrap();
+    for i in 0..500 {
+        engine.set_session_target(&format!("s{i}"), None, Some(&format!("model-{i}")));
+        engine.set_session_target(&format!("g{i}"), None, Some(&format!("gpt-4o-{i}")));
+    }
+    assert!(Arc::ptr_eq(
+        &engine.session_rules("s1"),
+        &engine.session_rules("s499")
+    ));
+    assert!(Arc::ptr_eq(
+        &engine.session_rules("g1"),
+        &engine.session_rules("g499")
+    ));
+    assert!(!Arc::ptr_eq(
+        &engine.session_rules("s1"),
+        &engine.session_rules("g1")
+    ));
+}
+
 #[test]
 fn session_settings_change_verdicts_and_keep_the_window() {
     let engine = Engine::builder(&policy(TIERS)).build().unwrap();

@@ -15,6 +15,7 @@ use loopguard_store::{GroupStore, WorkerId};
 use crate::compiled::CompiledRules;
 use crate::detect::text::{TURNS, TextState, TurnText};
 use crate::detect::{Det, Detection, Involved, Record, Window, calls, flag, results};
+use crate::engine::Target;
 use crate::escalation::{Decision, Loops, Vars, decide};
 use crate::event::{Call, Event, Text, ToolResult, UserMessage};
 use crate::fingerprint::{CallKeys, file_of};
@@ -92,6 +93,9 @@ pub struct Session {
     /// The session's own settings tier, when it has one (`Engine::set_session_settings`);
     /// `rules` were compiled with it.
     settings: Option<Box<Settings>>,
+    /// The backend and model the session's rules were resolved for, and the positions of the
+    /// policy's overrides that match them; `None`: the engine's own target.
+    target: Option<Box<(Target, Vec<usize>)>>,
     /// Membership of a group (swarm), when the session joined one.
     group: Option<Box<Member>>,
     /// Seq of the newest call before the latest message from a person, and what that message
@@ -169,6 +173,7 @@ impl Session {
             unknown: Vec::new(),
             armed: None,
             settings: None,
+            target: None,
             group: None,
             user_seq: 0,
             user_turn: UserTurn::Open,
@@ -200,6 +205,17 @@ impl Session {
     /// The session's own settings tier (empty when it has none).
     pub fn settings(&self) -> Settings {
         self.settings.as_deref().cloned().unwrap_or_default()
+    }
+
+    /// The backend and model the session's rules were resolved for (`None`: the engine's), with
+    /// the positions of the policy overrides that match them.
+    pub(crate) fn target(&self) -> Option<&(Target, Vec<usize>)> {
+        self.target.as_deref()
+    }
+
+    /// Records what the session's rules are resolved for.
+    pub(crate) fn set_target(&mut self, target: Option<(Target, Vec<usize>)>) {
+        self.target = target.map(Box::new);
     }
 
     /// The rules in force for this session (the engine's, or a variant with its settings).

@@ -152,6 +152,10 @@ pub(crate) fn seal<T: Serialize>(body: &T) -> Value {
 pub(crate) struct SessionV1 {
     #[serde(default, skip_serializing_if = "SettingsV1::is_empty")]
     pub settings: SettingsV1,
+    /// The backend and model the session's rules were resolved for, when the host named them
+    /// (`Engine::set_session_target`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<TargetV1>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<MemberV1>,
     /// Calls seen since the session started or was reset (the newest window record's seq).
@@ -179,6 +183,16 @@ pub(crate) struct SessionV1 {
     /// The latest message from a person, while calls before it are set aside.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_turn: Option<UserTurnV1>,
+}
+
+/// What a session was resolved for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TargetV1 {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// Calls up to `seq` came before a message from a person; `final`: that message changed the

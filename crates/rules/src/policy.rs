@@ -196,12 +196,31 @@ impl Policy {
         model: Option<&str>,
         server: &crate::tiers::Settings,
     ) -> Config {
-        let mut config = self.resolve(backend, model);
+        self.resolve_matching(&self.matching_overrides(backend, model), server)
+    }
+
+    /// The effective configuration when the overrides at `overrides` (positions from
+    /// [`Policy::matching_overrides`]) apply, with server-level settings beneath them (see
+    /// [`Policy::resolve_with`]).
+    pub fn resolve_matching(&self, overrides: &[usize], server: &crate::tiers::Settings) -> Config {
+        let matching: Vec<&Override> = overrides
+            .iter()
+            .filter_map(|&i| self.overrides.get(i))
+            .collect();
+        let mut config = if matching.is_empty() {
+            self.base.clone()
+        } else {
+            let mut root = self.root.clone();
+            for o in &matching {
+                root.merge(&o.node);
+            }
+            Config::from_node(&root)
+        };
         if server.is_empty() {
             return config;
         }
         let mut server = server.clone();
-        for o in self.matching(backend, model) {
+        for o in matching {
             if sets_exact_threshold(&o.node) {
                 server.max_repeats = None;
             }
@@ -224,7 +243,10 @@ impl Policy {
         config
     }
 
-    fn matching(&self, backend: Option<&str>, model: Option<&str>) -> Vec<&Override> {
+    /// Which of the policy's overrides apply to (backend, model), as a list of their positions.
+    /// Two targets with the same list resolve to the same configuration, so a host can compile
+    /// the rules once per list rather than once per model name.
+    pub fn matching_overrides(&self, backend: Option<&str>, model: Option<&str>) -> Vec<usize> {
         let fits = |m: &Option<GlobMatcher>, v: Option<&str>| match (m, v) {
             (None, _) => true,
             (Some(m), Some(v)) => m.is_match(v),
@@ -232,22 +254,19 @@ impl Policy {
         };
         self.overrides
             .iter()
-            .filter(|o| fits(&o.backend, backend) && fits(&o.model, model))
+            .enumerate()
+            .filter(|(_, o)| fits(&o.backend, backend) && fits(&o.model, model))
+            .map(|(i, _)| i)
             .collect()
     }
 
     /// The effective configuration for a backend and model: every matching override is applied
     /// over the policy, in order. Call once per session, not per event.
     pub fn resolve(&self, backend: Option<&str>, model: Option<&str>) -> Config {
-        let matching = self.matching(backend, model);
-        if matching.is_empty() {
-            return self.base.clone();
-        }
-        let mut root = self.root.clone();
-        for o in matching {
-            root.merge(&o.node);
-        }
-        Config::from_node(&root)
+        self.resolve_matching(
+            &self.matching_overrides(backend, model),
+            &crate::tiers::Settings::default(),
+        )
     }
 
     /// The merged policy tree (defaults, extended files, this file) as JSON.

@@ -37,6 +37,7 @@
 
 #![warn(missing_docs)]
 
+pub mod messages;
 pub mod replay;
 
 use std::collections::HashMap;
@@ -251,10 +252,26 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
     if let Ok(doc) = serde_json::from_str::<Body<'_>>(text) {
         return messages(text, &doc.messages);
     }
+    // A Responses request body: an object with `input` (a list of items, or a string).
+    if let Ok(doc) = serde_json::from_str::<ResponsesBody<'_>>(text) {
+        let input: Value =
+            serde_json::from_str(doc.input.get()).map_err(|e| BadInput::json(&e, 1))?;
+        if let Value::Array(list) = &input {
+            let raw: Vec<&RawValue> =
+                serde_json::from_str(doc.input.get()).map_err(|e| BadInput::json(&e, 1))?;
+            if !list.is_empty() {
+                return messages(text, &raw);
+            }
+        }
+        return Ok(Transcript {
+            format: Format::Messages,
+            items: messages::read_responses_input(&input, messages::Mode::Strict)?,
+        });
+    }
     // Otherwise JSON Lines; the first line says which kind.
     let first_value: Value =
         serde_json::from_str(first).map_err(|e| BadInput::json(&e, first_line))?;
-    if first_value.get("role").is_some() {
+    if first_value.get("role").is_some() || messages::is_responses_item(&first_value) {
         let mut raw = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let t = line.trim();
@@ -281,6 +298,12 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
 struct Body<'a> {
     #[serde(borrow)]
     messages: Vec<&'a RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct ResponsesBody<'a> {
+    #[serde(borrow)]
+    input: &'a RawValue,
 }
 
 /// Finds the 1-based lines where slices of a text start, for slices taken in order: each call
@@ -561,332 +584,30 @@ impl Turns {
     }
 }
 
-// --- OpenAI and Anthropic messages ----------------------------------------------------------------
+// --- chat messages and Responses items ------------------------------------------------------------
 
 fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
-    let mut items = Vec::new();
-    let mut clock = Clock::default();
-    let mut turn = 0u64;
-    let mut synthetic_ids = 0u64;
     let mut lines = Lines::new(text);
-    // The id of the latest call, which a legacy `function` result answers.
-    let mut latest_call: Option<String> = None;
+    let mut values = Vec::with_capacity(raw.len());
     for r in raw {
         let line = lines.of(r.get());
-        let msg: Value = serde_json::from_str(r.get()).map_err(|e| BadInput::json(&e, line))?;
-        let Value::Object(obj) = &msg else {
-            return Err(BadInput::at(line, "a message must be a JSON object"));
-        };
-        let f = Fields { obj, line };
-        let role = f
-            .string("role")?
-            .ok_or_else(|| BadInput::at(line, "the message has no `role`"))?;
-        let time = f.seconds("time")?;
-        let mut push = |kind: Kind, turn: u64, items: &mut Vec<Item>| {
-            let time_ms = clock.next(if items.last().is_some_and(|i| i.line == line) {
-                None
-            } else {
-                time
-            });
-            items.push(Item {
-                line,
-                session: DEFAULT_SESSION.to_owned(),
-                time_ms,
-                turn,
-                kind,
-            });
-        };
-        match role.as_str() {
-            "system" | "developer" => {}
-            "assistant" => {
-                turn += 1;
-                let content = obj.get("content").unwrap_or(&Value::Null);
-                let mut texts = Vec::new();
-                let mut calls = Vec::new();
-                let mut reasoning = Vec::new();
-                for key in ["reasoning_content", "reasoning"] {
-                    if let Some(Value::String(s)) = obj.get(key) {
-                        reasoning.push(s.clone());
-                    }
-                }
-                read_content(content, line, &mut texts, &mut calls, &mut reasoning, None)?;
-                if let Some(tc) = obj.get("tool_calls") {
-                    let Value::Array(tc) = tc else {
-                        return Err(BadInput::at(line, "`tool_calls` must be an array"));
-                    };
-                    for (k, call) in tc.iter().enumerate() {
-                        calls.push(openai_call(call, line, k)?);
-                    }
-                }
-                if let Some(fc) = obj.get("function_call").filter(|v| !v.is_null()) {
-                    calls.push(legacy_function_call(fc, line)?);
-                }
-                let reasoned = reasoning.iter().any(|r| !r.trim().is_empty());
-                for r in reasoning.into_iter().filter(|r| !r.trim().is_empty()) {
-                    push(
-                        Kind::Text {
-                            text: r,
-                            chunk: false,
-                            end: false,
-                            reasoning: true,
-                            narration: false,
-                        },
-                        turn,
-                        &mut items,
-                    );
-                }
-                let text = texts.join("\n");
-                // A turn of reasoning alone is not an empty turn: it says nothing yet.
-                if (calls.is_empty() && !reasoned) || !text.trim().is_empty() {
-                    push(
-                        Kind::Text {
-                            text,
-                            chunk: false,
-                            end: false,
-                            reasoning: false,
-                            narration: !calls.is_empty(),
-                        },
-                        turn,
-                        &mut items,
-                    );
-                }
-                for (id, tool, arguments) in calls {
-                    let id = id.unwrap_or_else(|| {
-                        synthetic_ids += 1;
-                        format!("call_{synthetic_ids}")
-                    });
-                    latest_call = Some(id.clone());
-                    push(
-                        Kind::Call {
-                            id,
-                            tool,
-                            arguments,
-                        },
-                        turn,
-                        &mut items,
-                    );
-                }
-            }
-            "tool" | "function" => {
-                let id = match f.string("tool_call_id")? {
-                    Some(id) => id,
-                    // Legacy `function` results answer the latest call without an id.
-                    None => latest_call.clone().ok_or_else(|| {
-                        BadInput::at(line, "a tool message needs a `tool_call_id`")
-                    })?,
-                };
-                let output = content_text(obj.get("content").unwrap_or(&Value::Null), line)?;
-                let error = f.boolean("is_error")?.unwrap_or(false);
-                push(
-                    Kind::Result {
-                        id,
-                        output,
-                        error,
-                        exit_code: None,
-                    },
-                    turn,
-                    &mut items,
-                );
-            }
-            "user" => {
-                let content = obj.get("content").unwrap_or(&Value::Null);
-                let mut texts = Vec::new();
-                let mut results = Vec::new();
-                read_content(
-                    content,
-                    line,
-                    &mut texts,
-                    &mut Vec::new(),
-                    &mut Vec::new(),
-                    Some(&mut results),
-                )?;
-                // A person's message comes after the assistant spoke; one that follows tool
-                // results directly was appended by the host before asking the model again.
-                let after_results = !results.is_empty()
-                    || matches!(
-                        items.last(),
-                        Some(Item {
-                            kind: Kind::Result { .. },
-                            ..
-                        })
-                    );
-                for (id, output, error) in results {
-                    push(
-                        Kind::Result {
-                            id,
-                            output,
-                            error,
-                            exit_code: None,
-                        },
-                        turn,
-                        &mut items,
-                    );
-                }
-                let text = texts.join("\n");
-                if !text.trim().is_empty() {
-                    // Text beside or right after tool results is the host's (a reminder, an
-                    // observation, a "continue" prompt), not a person's.
-                    let injected = after_results;
-                    push(Kind::User { text, injected }, turn, &mut items);
-                }
-            }
-            other => {
-                return Err(BadInput::at(
-                    line,
-                    format!(
-                        "unknown role `{other}`; expected system, developer, user, assistant or tool"
-                    ),
-                ));
-            }
-        }
+        let value: Value = serde_json::from_str(r.get()).map_err(|e| BadInput::json(&e, line))?;
+        values.push((line, value));
     }
+    let items = if values.iter().any(|(_, v)| messages::is_responses_item(v)) {
+        let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+        messages::read_responses_items(&positioned, messages::Mode::Strict)?
+    } else {
+        let mut reader = messages::Reader::new(messages::Mode::Strict);
+        for (line, value) in &values {
+            reader.message(*line, value)?;
+        }
+        reader.finish()
+    };
     Ok(Transcript {
         format: Format::Messages,
         items,
     })
-}
-
-type CallParts = (Option<String>, String, Args);
-
-/// Reads message content: a string, or an array of parts / blocks (OpenAI `text` parts,
-/// Anthropic `text`, `thinking`, `tool_use` and `tool_result` blocks).
-fn read_content(
-    content: &Value,
-    line: Line,
-    texts: &mut Vec<String>,
-    calls: &mut Vec<CallParts>,
-    reasoning: &mut Vec<String>,
-    mut results: Option<&mut Vec<(String, String, bool)>>,
-) -> Result<(), BadInput> {
-    match content {
-        Value::Null => Ok(()),
-        Value::String(s) => {
-            texts.push(s.clone());
-            Ok(())
-        }
-        Value::Array(parts) => {
-            for (k, part) in parts.iter().enumerate() {
-                let ty = part.get("type").and_then(Value::as_str).unwrap_or("text");
-                let at = |what: &str| BadInput::at(line, format!("content block {k}: {what}"));
-                match ty {
-                    "text" | "input_text" | "output_text" => {
-                        let t = part
-                            .get("text")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| at("a `text` block needs a string `text`"))?;
-                        texts.push(t.to_owned());
-                    }
-                    "thinking" | "reasoning" => {
-                        if let Some(t) = part
-                            .get("thinking")
-                            .or_else(|| part.get("text"))
-                            .and_then(Value::as_str)
-                        {
-                            reasoning.push(t.to_owned());
-                        }
-                    }
-                    "redacted_thinking" | "image" | "image_url" | "document" | "input_audio"
-                    | "file" | "refusal" => {}
-                    "tool_use" | "server_tool_use" => {
-                        let id = part.get("id").and_then(Value::as_str).map(str::to_owned);
-                        let name = part
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| at("a `tool_use` block needs a string `name`"))?;
-                        let input = match part.get("input") {
-                            None | Some(Value::Null) => {
-                                Args::Json(Value::Object(Default::default()))
-                            }
-                            Some(Value::String(s)) => Args::from_text(s),
-                            Some(v) => Args::Json(v.clone()),
-                        };
-                        calls.push((id, name.to_owned(), input));
-                    }
-                    "tool_result" => {
-                        let Some(results) = results.as_deref_mut() else {
-                            return Err(at("a `tool_result` block belongs in a user message"));
-                        };
-                        let id = part
-                            .get("tool_use_id")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| at("a `tool_result` block needs a `tool_use_id`"))?;
-                        let output =
-                            content_text(part.get("content").unwrap_or(&Value::Null), line)?;
-                        let error = match part.get("is_error") {
-                            None | Some(Value::Null) => false,
-                            Some(Value::Bool(b)) => *b,
-                            Some(_) => return Err(at("`is_error` must be true or false")),
-                        };
-                        results.push((id.to_owned(), output, error));
-                    }
-                    other => return Err(at(&format!("unknown content block type `{other}`"))),
-                }
-            }
-            Ok(())
-        }
-        _ => Err(BadInput::at(
-            line,
-            "`content` must be a string, an array of content parts, or null",
-        )),
-    }
-}
-
-/// The text of a tool result's content: a string, or the text parts of an array.
-fn content_text(content: &Value, line: Line) -> Result<String, BadInput> {
-    match content {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => Ok(parts
-            .iter()
-            .filter_map(|p| match p {
-                Value::String(s) => Some(s.as_str()),
-                _ => p.get("text").and_then(Value::as_str),
-            })
-            .collect::<Vec<_>>()
-            .join("\n")),
-        _ => Err(BadInput::at(
-            line,
-            "tool result `content` must be a string, an array of content parts, or null",
-        )),
-    }
-}
-
-fn openai_call(call: &Value, line: Line, k: usize) -> Result<CallParts, BadInput> {
-    let at = |what: &str| BadInput::at(line, format!("tool_calls[{k}]: {what}"));
-    let Value::Object(obj) = call else {
-        return Err(at("a tool call must be an object"));
-    };
-    let id = match obj.get("id") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(at("`id` must be a string")),
-    };
-    let function = obj
-        .get("function")
-        .ok_or_else(|| at("a tool call needs a `function`"))?;
-    let name = function
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| at("`function.name` must be a string"))?;
-    let arguments = match function.get("arguments") {
-        None | Some(Value::Null) => Args::Json(Value::Object(Default::default())),
-        Some(Value::String(s)) => Args::from_text(s),
-        Some(v) => Args::Json(v.clone()),
-    };
-    Ok((id, name.to_owned(), arguments))
-}
-
-fn legacy_function_call(fc: &Value, line: Line) -> Result<CallParts, BadInput> {
-    let name = fc
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| BadInput::at(line, "`function_call.name` must be a string"))?;
-    let arguments = match fc.get("arguments") {
-        Some(Value::String(s)) => Args::from_text(s),
-        None | Some(Value::Null) => Args::Json(Value::Object(Default::default())),
-        Some(v) => Args::Json(v.clone()),
-    };
-    Ok((None, name.to_owned(), arguments))
 }
 
 /// The JSON Schema of one line of the loopguard event format.

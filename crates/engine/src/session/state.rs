@@ -16,7 +16,7 @@ use crate::detect::text::{TURNS, TextState};
 use crate::escalation::Loops;
 use crate::snapshot::{
     ArmedV1, CallIdV1, CallRefV1, LoopV1, MemberV1, RecordV1, SessionV1, SettingsV1, SnapshotError,
-    TextV1, UserTurnV1, VerdictV1,
+    TargetV1, TextV1, UserTurnV1, VerdictV1,
 };
 use crate::verdict::{CallRef, Verdict};
 
@@ -128,6 +128,10 @@ impl Session {
                 .as_deref()
                 .map(SettingsV1::from_settings)
                 .unwrap_or_default(),
+            target: self.target.as_deref().map(|(t, _)| TargetV1 {
+                backend: t.backend.clone(),
+                model: t.model.clone(),
+            }),
             group: self.group.as_deref().map(|m| MemberV1 {
                 group: m.group.to_string(),
                 worker: m.worker.to_string(),

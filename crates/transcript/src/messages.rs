@@ -1,0 +1,756 @@
+//! Conversations as chat APIs carry them, read into events: OpenAI chat-completions messages,
+//! Anthropic Messages (`tool_use` / `tool_result` content blocks) and OpenAI Responses input
+//! items (`message`, `function_call`, `function_call_output`, `reasoning`, …).
+//!
+//! One set of semantics for every format, shared by `loopctl simulate`, `loopctl test`, the
+//! proxy and the Python package:
+//!
+//! - an assistant message is one turn: its reasoning, then its text (marked as narration when
+//!   calls come with it), then its calls in order; a run of Responses output items (a message,
+//!   reasoning, function calls) is one assistant message;
+//! - a tool result answers the call whose id it names (a legacy `function` result, the latest
+//!   call);
+//! - user-role text beside tool results, or right after them, is the host's (a framework's
+//!   observation, a reminder, a "continue" prompt), not a person's: it is `injected`.
+//!
+//! [`Mode::Strict`] (recorded files) refuses what it does not know, naming the line;
+//! [`Mode::Lenient`] (live traffic, where APIs grow new block and item types) passes over it.
+
+use serde_json::{Map, Value, json};
+
+use crate::{Args, BadInput, Clock, DEFAULT_SESSION, Fields, Item, Kind, Line};
+
+/// How a reader treats roles, block types and item types it does not know, and messages it
+/// cannot read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every unknown or malformed part is an error naming its line (recorded transcripts: a
+    /// typo never silently changes a replay).
+    Strict,
+    /// Unknown parts are passed over and a malformed message is skipped (live requests: the
+    /// upstream judges their shape).
+    Lenient,
+}
+
+/// Reads a list of chat messages (OpenAI or Anthropic shapes, mixed freely); each event's
+/// `line` is its message's 1-based position in the list.
+pub fn read_messages(messages: &[Value], mode: Mode) -> Result<Vec<Item>, BadInput> {
+    let mut reader = Reader::new(mode);
+    for (i, m) in messages.iter().enumerate() {
+        reader.message(i + 1, m)?;
+    }
+    Ok(reader.finish())
+}
+
+/// Reads the `input` of an OpenAI Responses request: a string (one user message) or a list of
+/// items; each event's `line` is its item's 1-based position (a run of output items read as
+/// one assistant message takes the position of its first item).
+pub fn read_responses_input(input: &Value, mode: Mode) -> Result<Vec<Item>, BadInput> {
+    let mut reader = Reader::new(mode);
+    match input {
+        Value::String(s) => reader.message(1, &json!({"role": "user", "content": s}))?,
+        Value::Array(items) => {
+            let positioned: Vec<(Line, &Value)> =
+                items.iter().enumerate().map(|(i, v)| (i + 1, v)).collect();
+            return read_responses_items(&positioned, mode);
+        }
+        Value::Null => {}
+        _ => {
+            if mode == Mode::Strict {
+                return Err(BadInput::at(
+                    1,
+                    "`input` must be a string or a list of items",
+                ));
+            }
+        }
+    }
+    Ok(reader.finish())
+}
+
+/// Whether a message or Responses item was written by the assistant (the model's side of the
+/// conversation): an `assistant` message, or a function call, reasoning or other output item.
+pub fn is_assistant(message: &Value) -> bool {
+    match message.get("type").and_then(Value::as_str) {
+        None | Some("message") => message.get("role").and_then(Value::as_str) == Some("assistant"),
+        Some(ty) => ASSISTANT_ITEMS.contains(&ty) || SKIPPED_OUTPUT_ITEMS.contains(&ty),
+    }
+}
+
+/// Responses item types the model writes that become calls, text or reasoning.
+const ASSISTANT_ITEMS: &[&str] = &[
+    "function_call",
+    "custom_tool_call",
+    "local_shell_call",
+    "reasoning",
+];
+
+/// Responses output items of built-in tools run by the server (no host result follows them).
+const SKIPPED_OUTPUT_ITEMS: &[&str] = &[
+    "web_search_call",
+    "file_search_call",
+    "computer_call",
+    "image_generation_call",
+    "code_interpreter_call",
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+];
+
+/// Responses input items that carry nothing the engine reads.
+const SKIPPED_INPUT_ITEMS: &[&str] = &[
+    "item_reference",
+    "computer_call_output",
+    "mcp_approval_response",
+];
+
+/// Whether a list element is a Responses item rather than a chat message or a loopguard event:
+/// its `type` is one of the Responses item types.
+pub(crate) fn is_responses_item(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str).is_some_and(|t| {
+        t == "message"
+            || OUTPUT_ITEMS.contains(&t)
+            || ASSISTANT_ITEMS.contains(&t)
+            || SKIPPED_OUTPUT_ITEMS.contains(&t)
+            || SKIPPED_INPUT_ITEMS.contains(&t)
+    })
+}
+
+/// Responses items that answer a call.
+const OUTPUT_ITEMS: &[&str] = &[
+    "function_call_output",
+    "custom_tool_call_output",
+    "local_shell_call_output",
+];
+
+/// Reads Responses items, each with its line.
+pub(crate) fn read_responses_items(
+    items: &[(Line, &Value)],
+    mode: Mode,
+) -> Result<Vec<Item>, BadInput> {
+    let mut reader = Reader::new(mode);
+    for (line, message) in responses_messages(items, mode)? {
+        reader.message(line, &message)?;
+    }
+    Ok(reader.finish())
+}
+
+/// Rewrites Responses items as chat messages (with their positions): a run of output items is
+/// one assistant message, each output of a call is a `tool` message, and every other message
+/// item is a message of its role.
+fn responses_messages(
+    items: &[(Line, &Value)],
+    mode: Mode,
+) -> Result<Vec<(Line, Value)>, BadInput> {
+    let mut out = Vec::new();
+    let mut run: Option<AssistantRun> = None;
+    for &(line, item) in items {
+        let Value::Object(obj) = item else {
+            if mode == Mode::Strict {
+                return Err(BadInput::at(line, "an input item must be a JSON object"));
+            }
+            continue;
+        };
+        let ty = obj.get("type").and_then(Value::as_str);
+        let role = obj.get("role").and_then(Value::as_str);
+        let assistant_side = match ty {
+            None | Some("message") => role == Some("assistant"),
+            Some(t) => ASSISTANT_ITEMS.contains(&t) || SKIPPED_OUTPUT_ITEMS.contains(&t),
+        };
+        if !assistant_side && let Some(r) = run.take() {
+            out.push(r.into_message());
+        }
+        if assistant_side {
+            let r = run.get_or_insert_with(|| AssistantRun::new(line));
+            r.add(obj, ty.unwrap_or("message"));
+            continue;
+        }
+        match ty {
+            None | Some("message") => out.push((line, item.clone())),
+            Some(t) if OUTPUT_ITEMS.contains(&t) => {
+                let id = obj
+                    .get("call_id")
+                    .or_else(|| obj.get("id"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let output = obj.get("output").cloned().unwrap_or(Value::Null);
+                let mut m = json!({"role": "tool", "tool_call_id": id, "content": output});
+                if obj.get("status").and_then(Value::as_str) == Some("incomplete") {
+                    m["is_error"] = json!(true);
+                }
+                out.push((line, m));
+            }
+            Some(t) if SKIPPED_INPUT_ITEMS.contains(&t) => {}
+            Some(other) => {
+                if mode == Mode::Strict {
+                    return Err(BadInput::at(
+                        line,
+                        format!("unknown input item type `{other}`"),
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(r) = run {
+        out.push(r.into_message());
+    }
+    Ok(out)
+}
+
+/// Output items of one model turn, gathered into one assistant message.
+struct AssistantRun {
+    line: Line,
+    content: Vec<Value>,
+    calls: Vec<Value>,
+    reasoning: Vec<String>,
+}
+
+impl AssistantRun {
+    fn new(line: Line) -> AssistantRun {
+        AssistantRun {
+            line,
+            content: Vec::new(),
+            calls: Vec::new(),
+            reasoning: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, obj: &Map<String, Value>, ty: &str) {
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_owned();
+        let id = || {
+            obj.get("call_id")
+                .or_else(|| obj.get("id"))
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
+        match ty {
+            "message" => match obj.get("content") {
+                Some(Value::Array(parts)) => self.content.extend(parts.iter().cloned()),
+                Some(Value::String(s)) => self.content.push(json!({"type": "text", "text": s})),
+                _ => {}
+            },
+            "function_call" => self.calls.push(json!({
+                "id": id(),
+                "type": "function",
+                "function": {"name": text(obj.get("name")), "arguments": obj.get("arguments").cloned().unwrap_or(Value::Null)},
+            })),
+            "custom_tool_call" => self.calls.push(json!({
+                "id": id(),
+                "type": "function",
+                "function": {"name": text(obj.get("name")), "arguments": text(obj.get("input"))},
+            })),
+            "local_shell_call" => self.calls.push(json!({
+                "id": id(),
+                "type": "function",
+                "function": {"name": "local_shell", "arguments": obj.get("action").cloned().unwrap_or(Value::Null)},
+            })),
+            "reasoning" => {
+                for part in ["summary", "content"] {
+                    if let Some(Value::Array(parts)) = obj.get(part) {
+                        self.reasoning.extend(
+                            parts
+                                .iter()
+                                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                                .map(str::to_owned),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn into_message(self) -> (Line, Value) {
+        let mut m = json!({"role": "assistant", "content": self.content});
+        if !self.calls.is_empty() {
+            m["tool_calls"] = Value::Array(self.calls);
+        }
+        if !self.reasoning.is_empty() {
+            m["reasoning"] = Value::String(self.reasoning.join("\n"));
+        }
+        (self.line, m)
+    }
+}
+
+type CallParts = (Option<String>, String, Args);
+
+/// Reads messages one at a time, keeping what the next one needs: the turn, the clock, the
+/// latest call (which a legacy `function` result answers).
+pub(crate) struct Reader {
+    mode: Mode,
+    items: Vec<Item>,
+    clock: Clock,
+    turn: u64,
+    synthetic_ids: u64,
+    latest_call: Option<String>,
+}
+
+impl Reader {
+    pub(crate) fn new(mode: Mode) -> Reader {
+        Reader {
+            mode,
+            items: Vec::new(),
+            clock: Clock::default(),
+            turn: 0,
+            synthetic_ids: 0,
+            latest_call: None,
+        }
+    }
+
+    pub(crate) fn finish(self) -> Vec<Item> {
+        self.items
+    }
+
+    /// Reads one message; in lenient mode a message that cannot be read adds nothing.
+    pub(crate) fn message(&mut self, line: Line, msg: &Value) -> Result<(), BadInput> {
+        let before = self.items.len();
+        let (turn, clock) = (self.turn, self.clock.last_ms);
+        match self.read(line, msg) {
+            Ok(()) => Ok(()),
+            Err(e) if self.mode == Mode::Lenient => {
+                self.items.truncate(before);
+                self.turn = turn;
+                self.clock.last_ms = clock;
+                let _ = e;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn push(&mut self, line: Line, time: Option<f64>, kind: Kind) {
+        // A message's events after its first are placed one second apart.
+        let time_ms = self
+            .clock
+            .next(if self.items.last().is_some_and(|i| i.line == line) {
+                None
+            } else {
+                time
+            });
+        self.items.push(Item {
+            line,
+            session: DEFAULT_SESSION.to_owned(),
+            time_ms,
+            turn: self.turn,
+            kind,
+        });
+    }
+
+    fn read(&mut self, line: Line, msg: &Value) -> Result<(), BadInput> {
+        let Value::Object(obj) = msg else {
+            return Err(BadInput::at(line, "a message must be a JSON object"));
+        };
+        let f = Fields { obj, line };
+        let role = f
+            .string("role")?
+            .ok_or_else(|| BadInput::at(line, "the message has no `role`"))?;
+        let time = f.seconds("time")?;
+        match role.as_str() {
+            "system" | "developer" => {}
+            "assistant" => self.assistant(line, time, obj)?,
+            "tool" | "function" => {
+                let id = match f.string("tool_call_id")? {
+                    Some(id) => id,
+                    // Legacy `function` results answer the latest call without an id.
+                    None => self.latest_call.clone().ok_or_else(|| {
+                        BadInput::at(line, "a tool message needs a `tool_call_id`")
+                    })?,
+                };
+                let output = content_text(obj.get("content").unwrap_or(&Value::Null), line)?;
+                let error = f.boolean("is_error")?.unwrap_or(false);
+                self.push(
+                    line,
+                    time,
+                    Kind::Result {
+                        id,
+                        output,
+                        error,
+                        exit_code: None,
+                    },
+                );
+            }
+            "user" => {
+                let content = obj.get("content").unwrap_or(&Value::Null);
+                let mut texts = Vec::new();
+                let mut results = Vec::new();
+                self.content(
+                    content,
+                    line,
+                    &mut texts,
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                    Some(&mut results),
+                )?;
+                // A person's message comes after the assistant spoke; one that follows tool
+                // results directly was appended by the host before asking the model again.
+                let after_results = !results.is_empty()
+                    || matches!(
+                        self.items.last(),
+                        Some(Item {
+                            kind: Kind::Result { .. },
+                            ..
+                        })
+                    );
+                for (id, output, error) in results {
+                    self.push(
+                        line,
+                        time,
+                        Kind::Result {
+                            id,
+                            output,
+                            error,
+                            exit_code: None,
+                        },
+                    );
+                }
+                let text = texts.join("\n");
+                if !text.trim().is_empty() {
+                    // Text beside or right after tool results is the host's (a reminder, an
+                    // observation, a "continue" prompt), not a person's.
+                    let injected = after_results;
+                    self.push(line, time, Kind::User { text, injected });
+                }
+            }
+            other => {
+                return Err(BadInput::at(
+                    line,
+                    format!(
+                        "unknown role `{other}`; expected system, developer, user, assistant or tool"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn assistant(
+        &mut self,
+        line: Line,
+        time: Option<f64>,
+        obj: &Map<String, Value>,
+    ) -> Result<(), BadInput> {
+        let content = obj.get("content").unwrap_or(&Value::Null);
+        let mut texts = Vec::new();
+        let mut calls = Vec::new();
+        let mut reasoning = Vec::new();
+        for key in ["reasoning_content", "reasoning"] {
+            if let Some(Value::String(s)) = obj.get(key) {
+                reasoning.push(s.clone());
+            }
+        }
+        self.content(content, line, &mut texts, &mut calls, &mut reasoning, None)?;
+        if let Some(tc) = obj.get("tool_calls").filter(|v| !v.is_null()) {
+            let Value::Array(tc) = tc else {
+                return Err(BadInput::at(line, "`tool_calls` must be an array"));
+            };
+            for (k, call) in tc.iter().enumerate() {
+                calls.push(openai_call(call, line, k)?);
+            }
+        }
+        if let Some(fc) = obj.get("function_call").filter(|v| !v.is_null()) {
+            calls.push(legacy_function_call(fc, line)?);
+        }
+        self.turn += 1;
+        let reasoned = reasoning.iter().any(|r| !r.trim().is_empty());
+        for r in reasoning.into_iter().filter(|r| !r.trim().is_empty()) {
+            self.push(
+                line,
+                time,
+                Kind::Text {
+                    text: r,
+                    chunk: false,
+                    end: false,
+                    reasoning: true,
+                    narration: false,
+                },
+            );
+        }
+        let text = texts.join("\n");
+        // A turn of reasoning alone is not an empty turn: it says nothing yet.
+        if (calls.is_empty() && !reasoned) || !text.trim().is_empty() {
+            self.push(
+                line,
+                time,
+                Kind::Text {
+                    text,
+                    chunk: false,
+                    end: false,
+                    reasoning: false,
+                    narration: !calls.is_empty(),
+                },
+            );
+        }
+        for (id, tool, arguments) in calls {
+            let id = id.unwrap_or_else(|| {
+                self.synthetic_ids += 1;
+                format!("call_{}", self.synthetic_ids)
+            });
+            self.latest_call = Some(id.clone());
+            self.push(
+                line,
+                time,
+                Kind::Call {
+                    id,
+                    tool,
+                    arguments,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads message content: a string, or an array of parts / blocks (OpenAI `text` parts,
+    /// Responses `input_text` / `output_text` parts, Anthropic `text`, `thinking`, `tool_use`
+    /// and `tool_result` blocks).
+    fn content(
+        &self,
+        content: &Value,
+        line: Line,
+        texts: &mut Vec<String>,
+        calls: &mut Vec<CallParts>,
+        reasoning: &mut Vec<String>,
+        mut results: Option<&mut Vec<(String, String, bool)>>,
+    ) -> Result<(), BadInput> {
+        match content {
+            Value::Null => Ok(()),
+            Value::String(s) => {
+                texts.push(s.clone());
+                Ok(())
+            }
+            Value::Array(parts) => {
+                for (k, part) in parts.iter().enumerate() {
+                    let ty = part.get("type").and_then(Value::as_str).unwrap_or("text");
+                    let at = |what: &str| BadInput::at(line, format!("content block {k}: {what}"));
+                    match ty {
+                        "text" | "input_text" | "output_text" => {
+                            let t = part
+                                .get("text")
+                                .and_then(Value::as_str)
+                                .ok_or_else(|| at("a `text` block needs a string `text`"))?;
+                            texts.push(t.to_owned());
+                        }
+                        "thinking" | "reasoning" => {
+                            if let Some(t) = part
+                                .get("thinking")
+                                .or_else(|| part.get("text"))
+                                .and_then(Value::as_str)
+                            {
+                                reasoning.push(t.to_owned());
+                            }
+                        }
+                        "redacted_thinking"
+                        | "image"
+                        | "image_url"
+                        | "input_image"
+                        | "document"
+                        | "input_audio"
+                        | "input_file"
+                        | "file"
+                        | "refusal"
+                        | "search_result"
+                        | "web_search_tool_result"
+                        | "container_upload" => {}
+                        "tool_use" | "server_tool_use" => {
+                            let id = part.get("id").and_then(Value::as_str).map(str::to_owned);
+                            let name = part
+                                .get("name")
+                                .and_then(Value::as_str)
+                                .ok_or_else(|| at("a `tool_use` block needs a string `name`"))?;
+                            let input = match part.get("input") {
+                                None | Some(Value::Null) => {
+                                    Args::Json(Value::Object(Map::default()))
+                                }
+                                Some(Value::String(s)) => Args::from_text(s),
+                                Some(v) => Args::Json(v.clone()),
+                            };
+                            calls.push((id, name.to_owned(), input));
+                        }
+                        "tool_result" => {
+                            let Some(results) = results.as_deref_mut() else {
+                                return Err(at("a `tool_result` block belongs in a user message"));
+                            };
+                            let id = part
+                                .get("tool_use_id")
+                                .and_then(Value::as_str)
+                                .ok_or_else(|| at("a `tool_result` block needs a `tool_use_id`"))?;
+                            let output =
+                                content_text(part.get("content").unwrap_or(&Value::Null), line)?;
+                            let error = match part.get("is_error") {
+                                None | Some(Value::Null) => false,
+                                Some(Value::Bool(b)) => *b,
+                                Some(_) => return Err(at("`is_error` must be true or false")),
+                            };
+                            results.push((id.to_owned(), output, error));
+                        }
+                        other => {
+                            if self.mode == Mode::Strict {
+                                return Err(at(&format!("unknown content block type `{other}`")));
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(BadInput::at(
+                line,
+                "`content` must be a string, an array of content parts, or null",
+            )),
+        }
+    }
+}
+
+/// The text of a tool result's content: a string, or the text parts of an array.
+fn content_text(content: &Value, line: Line) -> Result<String, BadInput> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => Ok(parts
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.as_str()),
+                _ => p.get("text").and_then(Value::as_str),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")),
+        _ => Err(BadInput::at(
+            line,
+            "tool result `content` must be a string, an array of content parts, or null",
+        )),
+    }
+}
+
+fn openai_call(call: &Value, line: Line, k: usize) -> Result<CallParts, BadInput> {
+    let at = |what: &str| BadInput::at(line, format!("tool_calls[{k}]: {what}"));
+    let Value::Object(obj) = call else {
+        return Err(at("a tool call must be an object"));
+    };
+    let id = match obj.get("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(at("`id` must be a string")),
+    };
+    let function = obj
+        .get("function")
+        .ok_or_else(|| at("a tool call needs a `function`"))?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| at("`function.name` must be a string"))?;
+    let arguments = match function.get("arguments") {
+        None | Some(Value::Null) => Args::Json(Value::Object(Map::default())),
+        Some(Value::String(s)) => Args::from_text(s),
+        Some(v) => Args::Json(v.clone()),
+    };
+    Ok((id, name.to_owned(), arguments))
+}
+
+fn legacy_function_call(fc: &Value, line: Line) -> Result<CallParts, BadInput> {
+    let name = fc
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| BadInput::at(line, "`function_call.name` must be a string"))?;
+    let arguments = match fc.get("arguments") {
+        Some(Value::String(s)) => Args::from_text(s),
+        None | Some(Value::Null) => Args::Json(Value::Object(Map::default())),
+        Some(v) => Args::Json(v.clone()),
+    };
+    Ok((None, name.to_owned(), arguments))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn kinds(items: &[Item]) -> Vec<&'static str> {
+        items.iter().map(|i| i.kind.name()).collect()
+    }
+
+    #[test]
+    fn responses_items_read_as_the_same_conversation_as_chat_messages() {
+        let input = json!([
+            {"role": "user", "content": "list files"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "look"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Listing."}]},
+            {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "ls", "arguments": "{\"path\":\"src\"}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "a b"},
+            {"type": "function_call_output", "call_id": "c2", "output": "c"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Observation: done"}]},
+        ]);
+        let items = read_responses_input(&input, Mode::Strict).unwrap();
+        assert_eq!(
+            kinds(&items),
+            [
+                "user", "text", "text", "call", "call", "result", "result", "user"
+            ]
+        );
+        let chat = read_messages(
+            &[
+                json!({"role": "user", "content": "list files"}),
+                json!({"role": "assistant", "reasoning": "look", "content": "Listing.", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "ls", "arguments": "{\"path\":\"src\"}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": "a b"}),
+                json!({"role": "tool", "tool_call_id": "c2", "content": "c"}),
+                json!({"role": "user", "content": "Observation: done"}),
+            ],
+            Mode::Strict,
+        )
+        .unwrap();
+        let strip = |items: &[Item]| {
+            items
+                .iter()
+                .map(|i| (i.turn, i.kind.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(strip(&items), strip(&chat));
+        // The run of output items takes the first one's position; results keep their own.
+        assert_eq!(items[1].line, 2);
+        assert_eq!(items[5].line, 6);
+        assert!(matches!(&items[7].kind, Kind::User { injected: true, .. }));
+    }
+
+    #[test]
+    fn a_string_input_is_one_user_message() {
+        let items = read_responses_input(&json!("fix the build"), Mode::Strict).unwrap();
+        assert!(
+            matches!(&items[0].kind, Kind::User { text, injected: false } if text == "fix the build")
+        );
+    }
+
+    #[test]
+    fn lenient_reading_passes_over_what_it_does_not_know() {
+        let messages = [
+            json!({"role": "user", "content": [{"type": "mystery_block", "x": 1}, {"type": "text", "text": "go"}]}),
+            json!({"role": "robot", "content": "beep"}),
+            json!({"role": "assistant", "tool_calls": "not a list"}),
+            json!({"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}]}),
+        ];
+        assert!(read_messages(&messages, Mode::Strict).is_err());
+        let items = read_messages(&messages, Mode::Lenient).unwrap();
+        assert_eq!(kinds(&items), ["user", "call"]);
+        // The skipped assistant message does not count as a turn.
+        assert_eq!(items[1].turn, 1);
+        let input = json!([{"type": "brand_new_item"}, {"role": "user", "content": "go"}]);
+        assert!(read_responses_input(&input, Mode::Strict).is_err());
+        assert_eq!(
+            kinds(&read_responses_input(&input, Mode::Lenient).unwrap()),
+            ["user"]
+        );
+    }
+
+    #[test]
+    fn assistant_side_items_are_recognised() {
+        assert!(is_assistant(&json!({"role": "assistant", "content": "x"})));
+        assert!(is_assistant(
+            &json!({"type": "function_call", "call_id": "c"})
+        ));
+        assert!(is_assistant(
+            &json!({"type": "message", "role": "assistant"})
+        ));
+        assert!(!is_assistant(&json!({"type": "function_call_output"})));
+        assert!(!is_assistant(&json!({"role": "user", "content": "x"})));
+        assert!(!is_assistant(&json!({"role": "tool", "content": "x"})));
+    }
+}
