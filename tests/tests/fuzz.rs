@@ -374,6 +374,23 @@ const JSON_TOKENS: &[&str] = &[
     "}",
     ",",
     "\"finish_reason\": \"tool_calls\"",
+    "\"tool_use\"",
+    "\"tool_result\"",
+    "\"tool_use_id\": \"c\"",
+    "\"input\": [",
+    "\"type\": \"function_call\"",
+    "\"type\": \"function_call_output\"",
+    "\"call_id\": \"c\"",
+    "\"previous_response_id\": \"r\"",
+    "\"output\": [",
+    "\"content\": [{\"type\": \"tool_use\", \"id\": \"c\", \"name\": \"bash\", \"input\": {}}]",
+];
+
+/// The wire formats the proxy parses.
+const WIRES: [loopguard_proxy::Wire; 3] = [
+    loopguard_proxy::Wire::Chat,
+    loopguard_proxy::Wire::Messages,
+    loopguard_proxy::Wire::Responses,
 ];
 
 #[test]
@@ -382,7 +399,12 @@ fn fuzz_the_proxy_request_parser() {
         name: "request",
         seeds: files(&root().join("tests/fuzz/seeds/request"), &[]),
         tokens: JSON_TOKENS,
-        run: loopguard_proxy::fuzzing::request,
+        // Every input is read as each wire format's request.
+        run: |input| {
+            for wire in WIRES {
+                loopguard_proxy::fuzzing::request(wire, input);
+            }
+        },
     });
 }
 
@@ -392,7 +414,11 @@ fn fuzz_the_proxy_response_judge() {
         name: "response",
         seeds: files(&root().join("tests/fuzz/seeds/response"), &[]),
         tokens: JSON_TOKENS,
-        run: loopguard_proxy::fuzzing::response,
+        run: |input| {
+            for wire in WIRES {
+                loopguard_proxy::fuzzing::response(wire, input);
+            }
+        },
     });
 }
 
@@ -413,11 +439,20 @@ fn fuzz_the_proxy_sse_parser() {
             "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}",
             "{\"choices\":[{\"index\":1,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\"}}]}}]}",
             "{\"error\": {\"message\": \"x\"}}",
+            "event: content_block_start\n",
+            "{\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"bash\",\"input\":{}}}",
+            "{\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\"}}",
+            "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"}}",
+            "{\"type\":\"response.output_item.added\",\"output_index\":2,\"item\":{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"bash\"}}",
+            "{\"type\":\"response.function_call_arguments.delta\",\"output_index\":2,\"delta\":\"{\"}",
+            "{\"type\":\"response.completed\",\"response\":{\"output\":[]}}",
         ],
         run: |input| {
             // Fed whole and in small pieces: a parser must not depend on how reads split.
-            loopguard_proxy::fuzzing::stream(input, input.len());
-            loopguard_proxy::fuzzing::stream(input, 7);
+            for wire in WIRES {
+                loopguard_proxy::fuzzing::stream(wire, input, input.len());
+                loopguard_proxy::fuzzing::stream(wire, input, 7);
+            }
         },
     });
 }

@@ -97,9 +97,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run an OpenAI-compatible proxy that stops tool-call loops: point an agent's base URL at
-    /// it and it forwards chat completions to `--upstream`, warning, refusing or stopping looping
-    /// tool calls as the policy says.
+    /// Run a proxy that stops tool-call loops: point an agent's base URL at it and it forwards
+    /// OpenAI chat completions, Anthropic Messages and OpenAI Responses to `--upstream`,
+    /// warning, refusing or stopping looping tool calls as the policy says.
     ///
     /// Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 when the policy or the
     /// LOOPGUARD_* settings are invalid, 2 when it cannot start (unreadable policy, address in

@@ -1,4 +1,5 @@
-//! `loopctl proxy`: run the OpenAI-compatible loop-stopping proxy (`loopguard-proxy`).
+//! `loopctl proxy`: run the loop-stopping proxy (`loopguard-proxy`): OpenAI chat completions,
+//! Anthropic Messages and OpenAI Responses.
 //!
 //! The binary's share: arguments, loading and rendering the policy (at start and on SIGHUP),
 //! the `LOOPGUARD_*` server tier, and logging to standard error.
@@ -31,7 +32,9 @@ pub struct Args {
     /// once the proxy accepts connections.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// The model server's base URL as OpenAI clients take it, e.g. `https://api.openai.com/v1`.
+    /// The model server's base URL as its clients take it, e.g. `https://api.openai.com/v1` or
+    /// `https://api.anthropic.com/v1`: the proxy appends `/chat/completions`, `/responses`,
+    /// `/messages` and `/models`.
     #[arg(long)]
     upstream: String,
     /// The policy file; default: $LOOPGUARD_RULES, else the built-in `rules/default.yaml`.
@@ -80,6 +83,14 @@ pub struct Args {
     /// implies --allow-chat-commands). The keys are kept only as keyed hashes.
     #[arg(long, value_name = "FILE")]
     chat_command_keys: Option<PathBuf>,
+    /// Keep sessions in Redis (`redis://host:port/db`) so that every replica of the proxy, and a
+    /// restarted one, judges a conversation the same way; see docs/proxy.md.
+    #[arg(long, value_name = "URL")]
+    session_store: Option<String>,
+    /// The name of this deployment's sessions in the store (replicas of one deployment share
+    /// it).
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    session_namespace: String,
 }
 
 /// Loads and checks the policy, its plugins and the server tier; every problem rendered.
@@ -148,6 +159,8 @@ pub fn run(args: Args) -> u8 {
         max_sessions: args.max_sessions,
         state_file: args.state,
         decisions: args.decisions,
+        session_store: args.session_store,
+        session_namespace: args.session_namespace,
         header_timeout: Duration::from_secs(args.header_timeout.max(1)),
         ..Options::new(args.upstream)
     };

@@ -10,7 +10,9 @@ use loopguard_rules::{SettingKey, Settings};
 /// One parsed command (values not yet checked).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
+    /// `!/set(NAME=VALUE, …)`.
     Set(Vec<(SettingKey, String)>),
+    /// `!/unset(NAME, …)`.
     Unset(Vec<SettingKey>),
 }
 
@@ -21,6 +23,7 @@ pub struct Scan {
     pub text: String,
     /// Whether anything command-like was found (valid or not).
     pub found: bool,
+    /// The commands found, in order.
     pub commands: Vec<Command>,
     /// One line per problem, for the reply.
     pub errors: Vec<String>,

@@ -28,13 +28,23 @@ pub struct Log {
 /// Where an intervention happened.
 #[derive(Debug, Clone, Copy)]
 pub struct At<'a> {
+    /// The client's `x-request-id`, else one the proxy made.
     pub request_id: &'a str,
+    /// The session.
     pub session: &'a str,
+    /// The model the request named.
     pub model: Option<&'a str>,
+    /// The 1-based assistant message the event belongs to.
     pub turn: u64,
+    /// `call`, `result`, `text` or `user`.
     pub kind: &'static str,
+    /// The tool, when the event is about a call.
     pub tool: Option<&'a str>,
+    /// The call's id.
     pub tool_call_id: Option<&'a str>,
+    /// For a warning that gave a repeated call a second chance (`chance_then_break`), how it
+    /// went: `changed`, `repeated` or `failed`.
+    pub second_chance: Option<&'static str>,
 }
 
 impl Log {
@@ -52,7 +62,7 @@ impl Log {
 
     /// Appends the record of one intervention.
     pub fn write(&self, at: At<'_>, v: &Verdict, time_ms: u64) {
-        let record = json!({
+        let mut record = json!({
             "time_ms": time_ms,
             "request_id": at.request_id,
             "session": at.session,
@@ -66,6 +76,9 @@ impl Log {
             "rule": v.rule.as_deref(),
             "count": v.count,
         });
+        if let (Some(outcome), Some(obj)) = (at.second_chance, record.as_object_mut()) {
+            obj.insert("second_chance".into(), json!(outcome));
+        }
         let mut line = record.to_string();
         line.push('\n');
         let written = self

@@ -1,25 +1,33 @@
-//! Protocol-shaped errors: the OpenAI error envelope, as a JSON body or as a final SSE event.
+//! Protocol-shaped errors: one [`ApiError`] the proxy decides, rendered the way each wire
+//! format's clients expect it, as a JSON body or as the last event of a stream.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-/// An error the proxy answers with: `{"error": {"message", "type", "param", "code"}}`.
+use crate::wire::Wire;
+
+/// An error the proxy answers with.
 ///
-/// `type` and `code` follow OpenAI's conventions where one exists (`invalid_request_error`);
+/// `kind` and `code` follow OpenAI's conventions where one exists (`invalid_request_error`);
 /// the proxy's own are `upstream_error` (502/504: the model server failed) and `loop_detected`
-/// (the policy stopped the session).
+/// (the policy stopped the session, code `tool_loop_terminated`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
+    /// The HTTP status.
     pub status: StatusCode,
+    /// What happened, for people.
     pub message: String,
+    /// The error type (`invalid_request_error`, `upstream_error`, `loop_detected`, …).
     pub kind: &'static str,
+    /// The machine-readable code.
     pub code: &'static str,
     /// Extra machine-readable detail, under `error.loopguard` (tool, count, detector, …).
     pub detail: Option<Value>,
 }
 
 impl ApiError {
+    /// An error with no detail.
     pub fn new(
         status: StatusCode,
         kind: &'static str,
@@ -35,6 +43,7 @@ impl ApiError {
         }
     }
 
+    /// A 400 for a request the proxy cannot read.
     pub fn invalid_request(code: &'static str, message: impl Into<String>) -> ApiError {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -44,6 +53,7 @@ impl ApiError {
         )
     }
 
+    /// A 5xx: the upstream failed.
     pub fn upstream(
         status: StatusCode,
         code: &'static str,
@@ -52,8 +62,14 @@ impl ApiError {
         ApiError::new(status, "upstream_error", code, message)
     }
 
-    /// The envelope as a JSON value.
-    pub fn body(&self) -> Value {
+    /// Whether the policy stopped the session.
+    pub fn is_stop(&self) -> bool {
+        self.kind == "loop_detected"
+    }
+
+    /// The error object inside every envelope: `message`, `type`, `code`, and `loopguard`
+    /// when there is detail.
+    fn object(&self) -> Value {
         let mut error = json!({
             "message": self.message,
             "type": self.kind,
@@ -63,20 +79,44 @@ impl ApiError {
         if let (Some(detail), Some(obj)) = (&self.detail, error.as_object_mut()) {
             obj.insert("loopguard".into(), detail.clone());
         }
-        json!({ "error": error })
+        error
     }
 
-    /// The envelope as the last event of an SSE stream.
-    pub fn sse_event(&self) -> String {
-        format!("data: {}\n\n", self.body())
+    /// The envelope as a JSON body, shaped for `wire`: OpenAI's `{"error": {…}}`, or
+    /// Anthropic's `{"type": "error", "error": {…}}`.
+    pub fn body(&self, wire: Wire) -> Value {
+        match wire {
+            Wire::Chat | Wire::Responses => json!({ "error": self.object() }),
+            Wire::Messages => json!({ "type": "error", "error": self.object() }),
+        }
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut out = json_response(self.status, &self.body());
-        // A stop says so in the same headers as the proxy's other interventions.
-        if self.kind == "loop_detected" {
+    /// The envelope as the last event of a stream, shaped for `wire`. OpenAI clients raise an
+    /// error for any event whose data has an `error` object; Anthropic clients for an `error`
+    /// event. A Responses stream's `error` event also carries `code` and `message` at the top,
+    /// as that API's own error events do.
+    pub fn sse_event(&self, wire: Wire) -> String {
+        match wire {
+            Wire::Chat => format!("data: {}\n\n", self.body(wire)),
+            Wire::Messages => format!("event: error\ndata: {}\n\n", self.body(wire)),
+            Wire::Responses => format!(
+                "event: error\ndata: {}\n\n",
+                json!({
+                    "type": "error",
+                    "code": self.code,
+                    "message": self.message,
+                    "param": null,
+                    "error": self.object(),
+                })
+            ),
+        }
+    }
+
+    /// The response for `wire`: the envelope with the error's status; a stop also carries the
+    /// `x-loopguard-*` headers every other intervention has.
+    pub fn response(&self, wire: Wire) -> Response {
+        let mut out = json_response(self.status, &self.body(wire));
+        if self.is_stop() {
             let detail = self.detail.as_ref();
             let field = |k: &str| {
                 detail
@@ -86,9 +126,9 @@ impl IntoResponse for ApiError {
                     .to_owned()
             };
             for (name, value) in [
-                ("x-loopguard-action", "terminate".to_owned()),
-                ("x-loopguard-detector", field("detector")),
-                ("x-loopguard-rule", field("rule")),
+                (crate::judge::ACTION_HEADER, "terminate".to_owned()),
+                (crate::judge::DETECTOR_HEADER, field("detector")),
+                (crate::judge::RULE_HEADER, field("rule")),
             ] {
                 if let Ok(v) = HeaderValue::from_str(&value) {
                     out.headers_mut().insert(name, v);
@@ -96,6 +136,13 @@ impl IntoResponse for ApiError {
             }
         }
         out
+    }
+}
+
+impl IntoResponse for ApiError {
+    /// The OpenAI envelope (routes that are not one of the wire formats: models, 404s).
+    fn into_response(self) -> Response {
+        self.response(Wire::Chat)
     }
 }
 
@@ -111,24 +158,39 @@ pub fn json_response(status: StatusCode, body: &Value) -> Response {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
-    fn envelope_has_every_openai_field() {
+    fn envelopes_have_every_field_their_clients_read() {
         let mut e = ApiError::upstream(
             StatusCode::BAD_GATEWAY,
             "upstream_unreachable",
             "upstream is down",
         );
         e.detail = Some(json!({"tool": "bash"}));
-        let body = e.body();
+        let body = e.body(Wire::Chat);
         assert_eq!(body["error"]["message"], "upstream is down");
         assert_eq!(body["error"]["type"], "upstream_error");
         assert_eq!(body["error"]["code"], "upstream_unreachable");
         assert!(body["error"]["param"].is_null());
         assert_eq!(body["error"]["loopguard"]["tool"], "bash");
-        let event = e.sse_event();
+        let event = e.sse_event(Wire::Chat);
         assert!(event.starts_with("data: {\"error\":"));
         assert!(event.ends_with("\n\n"));
+        let anthropic = e.body(Wire::Messages);
+        assert_eq!(anthropic["type"], "error");
+        assert_eq!(anthropic["error"]["type"], "upstream_error");
+        assert!(
+            e.sse_event(Wire::Messages)
+                .starts_with("event: error\ndata: {")
+        );
+        let responses = e.sse_event(Wire::Responses);
+        let data: Value =
+            serde_json::from_str(responses.trim().split_once("data: ").unwrap().1).unwrap();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["code"], "upstream_unreachable");
+        assert_eq!(data["error"]["code"], "upstream_unreachable");
     }
 }

@@ -1,5 +1,5 @@
 //! The proxy's parsers as plain functions, for the fuzz tests (`tests/tests/fuzz.rs`): a
-//! chat-completions request body, an upstream's JSON answer and an upstream's SSE stream, each
+//! request body, an upstream's whole answer and an upstream's stream, of any wire format, each
 //! run through the same code as a served request, in process and with no network.
 
 use std::sync::{Arc, OnceLock};
@@ -8,10 +8,9 @@ use axum::http::{HeaderMap, HeaderValue};
 use loopguard_rules::{Policy, Settings};
 use serde_json::Value;
 
-use crate::judge::rewrite_response;
 use crate::state::{Prepared, State, TurnJudge};
-use crate::stream::StreamJudge;
 use crate::upstream::Upstream;
+use crate::wire::Wire;
 use crate::{ChatCommands, Options, Setup};
 
 /// One proxy state for every fuzz input of a process (sessions accumulate, as in a server);
@@ -48,48 +47,50 @@ fn headers() -> HeaderMap {
     h
 }
 
-/// A request body as `POST /v1/chat/completions` reads it: parsed, its session found, its
-/// commands and tail events judged, its body rewritten for the upstream.
-pub fn request(body: &[u8]) {
+/// A request body as the route of `wire` reads it: parsed, its session found, its commands and
+/// tail events judged, its body rewritten for the upstream.
+pub fn request(wire: Wire, body: &[u8]) {
     let Ok(mut json @ Value::Object(_)) = serde_json::from_slice::<Value>(body) else {
         return;
     };
     let Some(state) = state() else { return };
-    if let Prepared::Forward(_) = state.prepare(&headers(), &mut json) {
+    if let Prepared::Forward(_) = state.prepare(wire, &headers(), &mut json) {
         let _ = serde_json::to_vec(&json);
     }
 }
 
-/// A session's turn with the upstream's answer `body`: judged and rewritten as a plain JSON
-/// response would be.
-pub fn response(body: &[u8]) {
-    let Some(judge) = turn() else { return };
+/// A session's turn with the upstream's whole answer `body`: judged and rewritten.
+pub fn response(wire: Wire, body: &[u8]) {
+    let Some(mut judge) = turn(wire) else { return };
     let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
         return;
     };
-    let mut judge = judge;
-    let _ = rewrite_response(&mut value, &mut judge);
+    let _ = wire.rewrite(&mut value, &mut judge);
 }
 
-/// A session's turn with the upstream's SSE stream `bytes`, fed in pieces of `step` bytes.
-pub fn stream(bytes: &[u8], step: usize) {
-    let Some(judge) = turn() else { return };
-    let mut s = StreamJudge::new(judge);
+/// A session's turn with the upstream's stream `bytes`, fed in pieces of `step` bytes.
+pub fn stream(wire: Wire, bytes: &[u8], step: usize) {
+    let Some(judge) = turn(wire) else { return };
+    let mut s = wire.stream(judge);
     for piece in bytes.chunks(step.max(1)) {
         let _ = s.push(piece);
     }
     let _ = s.finish();
+    let _ = s.answer();
 }
 
 /// A turn of a fixed conversation, ready to judge the model's answer.
-fn turn() -> Option<TurnJudge> {
-    let mut json = serde_json::json!({
-        "model": "fuzz",
-        "messages": [{"role": "user", "content": "run the tests"}],
-    });
+fn turn(wire: Wire) -> Option<TurnJudge> {
+    let mut json = match wire {
+        Wire::Responses => serde_json::json!({"model": "fuzz", "input": "run the tests"}),
+        _ => serde_json::json!({
+            "model": "fuzz",
+            "messages": [{"role": "user", "content": "run the tests"}],
+        }),
+    };
     let state = state()?;
-    match state.prepare(&headers(), &mut json) {
-        Prepared::Forward(turn) => Some(TurnJudge::new(Arc::clone(state), turn)),
+    match state.prepare(wire, &headers(), &mut json) {
+        Prepared::Forward(turn) => Some(TurnJudge::new(Arc::clone(state), *turn)),
         _ => None,
     }
 }

@@ -1,7 +1,11 @@
-//! `loopguard-proxy`: an OpenAI-compatible HTTP proxy that stops the tool-call loops of any
-//! agent. Point the agent's base URL at the proxy; it forwards chat completions to the real
-//! model server and judges every tool call the model issues (and every tool result and user
-//! message the agent sends back) with the loopguard engine. `loopctl proxy` runs it.
+//! `loopguard-proxy`: an HTTP proxy that stops the tool-call loops of any agent. Point the
+//! agent's base URL at the proxy; it forwards model requests to the real model server and
+//! judges every tool call the model issues (and every tool result and user message the agent
+//! sends back) with the loopguard engine. `loopctl proxy` runs it.
+//!
+//! It speaks OpenAI chat completions (`POST /v1/chat/completions`), Anthropic Messages
+//! (`POST /v1/messages`) and OpenAI Responses (`POST /v1/responses`), each plain and streamed,
+//! with the same enforcement (see [`wire`]).
 //!
 //! # Key design decision
 //!
@@ -9,21 +13,22 @@
 //! keeps working:
 //!
 //! - **warn**: the call goes through; the nudge reaches the model with that call's tool result
-//!   in the next request (appended to its content by default, or as a `system` note:
+//!   in the next request (appended to its content by default, or as a note of its own:
 //!   [`NudgePlacement`]), and stays attached to it in every later request so the history the
 //!   model sees does not change from turn to turn.
 //! - **block**: the call is taken out of the response. Calls that remain keep their ids (so
-//!   every `tool_call_id` the client gets is one it can answer) and, when streaming, dense
-//!   indices; the refusal reaches the model with the first remaining call's result. When no
-//!   call remains, the refusal becomes the assistant's text and `finish_reason` is `stop`.
-//! - **ask**: every call of the turn is withheld and the question ends the turn
-//!   (`finish_reason: stop`), so the user answers it.
-//! - **terminate**: an OpenAI error envelope, HTTP 400 with `type: loop_detected` (or, in a
-//!   stream already under way, a final `data: {"error": …}` event).
+//!   every call id the client gets is one it can answer) and, when streaming, dense indices;
+//!   the refusal reaches the model with the first remaining call's result. When no call
+//!   remains, the refusal becomes the assistant's text and the turn ends.
+//! - **ask**: every call of the turn is withheld and the question ends the turn, so the user
+//!   answers it.
+//! - **terminate**: the format's error envelope, HTTP 400 with type `loop_detected` and code
+//!   `tool_loop_terminated` (or, in a stream already under way, a final error event).
 //!
-//! Streaming: text passes through at once; tool-call fragments are assembled and the calls are
-//! released, whole, only once judged (see [`stream`]). Sessions: see [`session`]. In-chat
-//! commands: see [`commands`].
+//! Every response the proxy changed says so in `x-loopguard-*` headers and a `loopguard` body
+//! field ([`judge`]). Streaming: text passes through at once; calls are assembled and
+//! released, whole, only once judged. Sessions: see [`session`] and [`sessions`] (which also
+//! shares them between replicas through Redis). In-chat commands: see [`commands`].
 //!
 //! # Dependencies
 //!
@@ -31,8 +36,8 @@
 //! hyper 1, no JSON/form/query extractors: bodies are read raw and bounded); reqwest with
 //! `rustls-tls` only (HTTPS upstreams with the ring backend and webpki roots, no OpenSSL, no
 //! system proxy lookup, no HTTP/2, no decompression — `accept-encoding` is not forwarded);
-//! futures-util without default features (one stream adapter). Metrics are hand-rolled (a
-//! dozen series need no registry).
+//! futures-util without default features (one stream adapter); redis, the sync client, for
+//! sessions shared by replicas. Metrics are hand-rolled (a dozen series need no registry).
 //!
 //! # Example
 //!
@@ -49,6 +54,7 @@
 //! # }
 //! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod commands;
 pub mod decisions;
@@ -58,12 +64,13 @@ pub mod fuzzing;
 pub mod judge;
 mod listen;
 pub mod metrics;
-pub mod request;
 mod server;
 pub mod session;
+pub mod sessions;
+pub mod sse;
 mod state;
-pub mod stream;
 pub mod upstream;
+pub mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,19 +80,22 @@ use std::time::Duration;
 use loopguard_rules::{Policy, Settings};
 use tokio::net::TcpListener;
 
-pub use request::NudgePlacement;
+pub use wire::{NudgePlacement, Wire};
 
 /// What the proxy enforces: a policy and the server-level settings tier over it (the
 /// `LOOPGUARD_*` variables, read by `loopctl`).
 #[derive(Debug)]
 pub struct Setup {
+    /// The policy.
     pub policy: Policy,
+    /// The server-level settings tier over it.
     pub server: Settings,
 }
 
 /// Loads the policy again on SIGHUP. An error (with every diagnostic rendered) keeps the
 /// policy in force.
 pub trait Loader: Send + Sync {
+    /// The policy, or every diagnostic rendered.
     fn load(&self) -> Result<Setup, String>;
 }
 
@@ -98,8 +108,9 @@ impl<F: Fn() -> Result<Setup, String> + Send + Sync> Loader for F {
 /// How the proxy runs.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// The upstream's base URL as OpenAI clients take it (`https://api.openai.com/v1`): the
-    /// proxy appends `/chat/completions` and `/models`.
+    /// The upstream's base URL as OpenAI clients take it (`https://api.openai.com/v1`,
+    /// `https://api.anthropic.com/v1`): the proxy appends `/chat/completions`, `/messages`,
+    /// `/responses` and `/models`.
     pub upstream: String,
     /// The backend name matched by the policy's `overrides`; default: the upstream's host.
     pub backend: Option<String>,
@@ -110,6 +121,7 @@ pub struct Options {
     /// Upstream time limit: for the response headers and the whole of a non-streaming body,
     /// and for the longest silence inside a stream.
     pub timeout: Duration,
+    /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
     /// How long a shutdown waits for open requests before closing them.
     pub shutdown_grace: Duration,
@@ -127,6 +139,12 @@ pub struct Options {
     pub state_file: Option<std::path::PathBuf>,
     /// The decision log: one JSON line per intervention (see [`decisions`]).
     pub decisions: Option<std::path::PathBuf>,
+    /// A Redis URL (`redis://host:port/db`) where sessions are kept for every replica of the
+    /// proxy (see [`sessions`]).
+    pub session_store: Option<String>,
+    /// The name under which this proxy's sessions are kept in the store: replicas of one
+    /// deployment share it; other deployments on the same Redis use their own.
+    pub session_namespace: String,
 }
 
 /// Who may use in-chat commands (`!/set(…)`, `!/unset(…)`). For anyone else they are plain
@@ -143,6 +161,7 @@ pub enum ChatCommands {
 }
 
 impl Options {
+    /// The defaults, for an upstream base URL.
     pub fn new(upstream: impl Into<String>) -> Options {
         Options {
             upstream: upstream.into(),
@@ -158,6 +177,8 @@ impl Options {
             max_sessions: 100_000,
             state_file: None,
             decisions: None,
+            session_store: None,
+            session_namespace: "default".to_owned(),
         }
     }
 }
@@ -222,30 +243,50 @@ impl Options {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProxyError {
+    /// The upstream URL cannot be used.
     #[error("invalid upstream URL `{url}`: {reason}")]
-    Upstream { url: String, reason: String },
+    Upstream {
+        /// The URL, credentials redacted.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An option is out of its range.
     #[error("invalid option: {0}")]
     Option(String),
+    /// The listening address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
+        /// The address.
         addr: SocketAddr,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The HTTP client cannot be built.
     #[error("cannot set up the HTTP client: {0}")]
     Client(#[source] reqwest::Error),
+    /// The async runtime cannot start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// A signal handler cannot be installed.
     #[error("cannot install a signal handler: {0}")]
     Signal(#[source] std::io::Error),
+    /// The server failed.
     #[error("the server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// The decision log cannot be opened.
     #[error("cannot open the decision log {path}: {source}")]
     Decisions {
+        /// The file.
         path: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The shared session store cannot be used.
+    #[error("cannot use the session store: {0}")]
+    SessionStore(#[source] sessions::StoreError),
 }
 
 /// A bound proxy, ready to serve.
@@ -305,9 +346,22 @@ impl Proxy {
             }
             None => None,
         };
+        let shared = match &options.session_store {
+            Some(url) => {
+                let prefix = format!("loopguard:proxy:{}:", options.session_namespace);
+                let ttl =
+                    Duration::from_secs(setup.policy.base().time.session_idle_seconds.max(60));
+                Some(sessions::Shared::new(url, &prefix, ttl).map_err(ProxyError::SessionStore)?)
+            }
+            None => None,
+        };
+        // A store that cannot be reached at start stops the proxy rather than leaving it to
+        // judge alone.
         let state = Arc::new(
             state::State::new(options, upstream, backend, client, setup, loader)
-                .with_decisions(decisions),
+                .with_decisions(decisions)
+                .with_shared(shared)
+                .map_err(ProxyError::SessionStore)?,
         );
         if let Some(path) = state.options.state_file.clone() {
             restore_state(&state, &path);

@@ -76,19 +76,23 @@ pub struct Metrics {
     commands: Labeled,
     reloads: Labeled,
     second_chances: Labeled,
+    session_store: Labeled,
     latency: Histogram,
 }
 
 impl Metrics {
-    /// A request arrived on `route` (`chat_completions`, `models`, `healthz`, `metrics`, `other`).
+    /// A request arrived on `route` (`chat_completions`, `messages`, `responses`, `models`,
+    /// `passthrough`, `healthz`, `metrics`, `other`).
     pub fn request(&self, route: &str) {
         self.requests.inc(&[route]);
     }
 
+    /// A tool call the model issued.
     pub fn tool_call(&self) {
         self.tool_calls.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A tool result the agent sent back.
     pub fn tool_result(&self) {
         self.tool_results.fetch_add(1, Ordering::Relaxed);
     }
@@ -103,6 +107,7 @@ impl Metrics {
         self.upstream_errors.inc(&[kind]);
     }
 
+    /// A client went away before the end of a stream.
     pub fn client_disconnect(&self) {
         self.client_disconnects.fetch_add(1, Ordering::Relaxed);
     }
@@ -134,12 +139,19 @@ impl Metrics {
         self.second_chances.inc(&[outcome]);
     }
 
+    /// The shared session store was used; `op`: `hit` (the replica held the latest state),
+    /// `load` (it read a newer one), `miss` (none stored), `save`, `conflict` (a write replaced
+    /// a version it had not read), `error`.
+    pub fn session_store(&self, op: &str) {
+        self.session_store.inc(&[op]);
+    }
+
     /// `result`: `ok` or `failed`.
     pub fn reload(&self, result: &str) {
         self.reloads.inc(&[result]);
     }
 
-    /// How long a chat-completions request took, from its arrival to the end of the response.
+    /// How long a model request took, from its arrival to the end of the response.
     pub fn observe_latency(&self, d: Duration) {
         let secs = d.as_secs_f64();
         for (bound, bucket) in BUCKETS.iter().zip(&self.latency.buckets) {
@@ -221,6 +233,12 @@ impl Metrics {
             "In-chat settings commands, by result (applied, invalid).",
             &["result"],
         );
+        self.session_store.render(
+            &mut out,
+            "loopguard_proxy_session_store_total",
+            "Uses of the shared session store (--session-store), by operation (hit, load, miss, save, conflict, error).",
+            &["op"],
+        );
         self.reloads.render(
             &mut out,
             "loopguard_proxy_policy_reloads_total",
@@ -235,7 +253,7 @@ impl Metrics {
         let name = "loopguard_proxy_request_duration_seconds";
         let _ = writeln!(
             out,
-            "# HELP {name} Chat-completions requests, from arrival to the end of the response.\n\
+            "# HELP {name} Model requests (every wire format), from arrival to the end of the response.\n\
              # TYPE {name} histogram"
         );
         for (bound, bucket) in BUCKETS.iter().zip(&self.latency.buckets) {

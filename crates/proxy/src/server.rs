@@ -1,4 +1,9 @@
 //! The HTTP side: routes, forwarding to the upstream, streaming, operations endpoints.
+//!
+//! One handler serves every wire format ([`Wire`]): it reads the request, has the state judge
+//! what is new in it, forwards it, and judges the answer, whole or streamed, with the format's
+//! rewriter. Other upstream routes clients call beside them (the model list, Anthropic's token
+//! count, stored Responses) are passed through unjudged.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,16 +14,16 @@ use axum::body::{Body, Bytes};
 use axum::extract::State as Extract;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::{Instant as Deadline, timeout, timeout_at};
 
 use crate::error::{ApiError, json_response};
-use crate::judge::rewrite_response;
+use crate::judge::Intervention;
 use crate::state::{Prepared, State, Turn, TurnJudge};
-use crate::stream::StreamJudge;
+use crate::wire::{Rewriter, Rewritten, Wire};
 
 /// Largest non-streaming upstream body read.
 const MAX_UPSTREAM_BODY: usize = 64 << 20;
@@ -30,10 +35,16 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
-        .route("/v1/models", get(models))
-        .route("/models", get(models))
-        .route("/v1/models/{*id}", get(models))
-        .route("/models/{*id}", get(models))
+        .route("/v1/messages", post(messages))
+        .route("/messages", post(messages))
+        .route("/v1/responses", post(responses))
+        .route("/responses", post(responses))
+        .route("/v1/messages/count_tokens", post(passthrough))
+        .route("/v1/responses/{*rest}", any(passthrough))
+        .route("/v1/models", get(passthrough))
+        .route("/models", get(passthrough))
+        .route("/v1/models/{*id}", get(passthrough))
+        .route("/models/{*id}", get(passthrough))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(unsupported)
@@ -65,12 +76,22 @@ async fn metrics(Extract(state): Extract<Shared>) -> Response {
     resp
 }
 
+/// The paths the proxy serves, for error messages.
+const SERVED: &str = "POST /v1/chat/completions, POST /v1/messages, POST /v1/responses \
+     (and the routes beside them: GET /v1/models, POST /v1/messages/count_tokens, \
+     /v1/responses/{id}), GET /healthz and GET /metrics";
+
 async fn unsupported(Extract(state): Extract<Shared>, method: Method, uri: Uri) -> Response {
     state.metrics.request("other");
     let path = uri.path();
     let known = [
         "/v1/chat/completions",
         "/chat/completions",
+        "/v1/messages",
+        "/messages",
+        "/v1/responses",
+        "/responses",
+        "/v1/messages/count_tokens",
         "/v1/models",
         "/models",
         "/healthz",
@@ -81,7 +102,7 @@ async fn unsupported(Extract(state): Extract<Shared>, method: Method, uri: Uri) 
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request_error",
             "method_not_allowed",
-            format!("`{method} {path}` is not served: use POST for chat completions and GET for the rest"),
+            format!("`{method} {path}` is not served: the proxy serves {SERVED}"),
         )
         .into_response();
     }
@@ -90,15 +111,16 @@ async fn unsupported(Extract(state): Extract<Shared>, method: Method, uri: Uri) 
         "invalid_request_error",
         "unsupported_path",
         format!(
-            "`{method} {path}` is not proxied: loopguard serves POST /v1/chat/completions, \
-             GET /v1/models, GET /healthz and GET /metrics; send other requests to the upstream \
-             directly"
+            "`{method} {path}` is not proxied: loopguard serves {SERVED}; send other requests \
+             to the upstream directly"
         ),
     )
     .into_response()
 }
 
 /// Request headers not forwarded: hop-by-hop ones, ours, and those the proxy sets itself.
+/// Everything else goes on as the client sent it (`authorization`, `x-api-key`,
+/// `anthropic-version`, `anthropic-beta`, `openai-organization`, …).
 fn forwarded(headers: &HeaderMap) -> HeaderMap {
     const SKIP: &[&str] = &[
         "host",
@@ -127,8 +149,10 @@ fn passed_back(from: &HeaderMap, to: &mut HeaderMap) {
     for (k, v) in from {
         let name = k.as_str();
         if name == "x-request-id"
+            || name == "request-id"
             || name == "retry-after"
             || name.starts_with("x-ratelimit-")
+            || name.starts_with("anthropic-ratelimit-")
             || name.starts_with("openai-")
         {
             to.insert(k.clone(), v.clone());
@@ -234,6 +258,16 @@ fn timed_out(state: &State, what: &str) -> ApiError {
     )
 }
 
+fn malformed(state: &State, what: String) -> ApiError {
+    state.metrics.upstream_error("malformed");
+    tracing::warn!(what = %what, "the upstream answered with something the proxy cannot read");
+    ApiError::upstream(
+        StatusCode::BAD_GATEWAY,
+        "upstream_malformed",
+        format!("the upstream answered with a malformed response: {what}"),
+    )
+}
+
 /// Reads a whole upstream body, bounded in size and by the deadline.
 async fn read_upstream(
     state: &State,
@@ -248,11 +282,9 @@ async fn read_upstream(
             Ok(Ok(None)) => return Ok(buf),
             Ok(Ok(Some(b))) => {
                 if buf.len() + b.len() > MAX_UPSTREAM_BODY {
-                    state.metrics.upstream_error("malformed");
-                    return Err(ApiError::upstream(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream_malformed",
-                        format!("the upstream response is larger than {MAX_UPSTREAM_BODY} bytes"),
+                    return Err(malformed(
+                        state,
+                        format!("the response is larger than {MAX_UPSTREAM_BODY} bytes"),
                     ));
                 }
                 buf.extend_from_slice(&b);
@@ -261,16 +293,21 @@ async fn read_upstream(
     }
 }
 
-/// An upstream error status: its body is passed back when it is JSON (normally an OpenAI
-/// envelope already), else wrapped in one.
-async fn pass_error(state: &State, resp: reqwest::Response, deadline: Deadline) -> Response {
+/// An upstream error status: its body is passed back when it is JSON (normally the format's
+/// error envelope already), else wrapped in one.
+async fn pass_error(
+    state: &State,
+    wire: Wire,
+    resp: reqwest::Response,
+    deadline: Deadline,
+) -> Response {
     state.metrics.upstream_error("status");
     let status = resp.status();
     let mut headers = HeaderMap::new();
     passed_back(resp.headers(), &mut headers);
     let body = match read_upstream(state, resp, deadline).await {
         Ok(b) => b,
-        Err(e) => return e.into_response(),
+        Err(e) => return e.response(wire),
     };
     tracing::warn!(
         status = status.as_u16(),
@@ -293,23 +330,83 @@ async fn pass_error(state: &State, resp: reqwest::Response, deadline: Deadline) 
             "upstream_status",
             format!("the upstream answered {status}: {}", snippet.trim()),
         )
-        .into_response()
+        .response(wire)
     };
     out.headers_mut().extend(headers);
     out
 }
 
+/// Runs judging work where it may block: off the async workers (so other sessions' requests
+/// go on) when it may take time (plugins, a shared session store), in place otherwise.
+fn judging<T>(state: &State, f: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi && state.blocks() {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
 async fn chat(Extract(state): Extract<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(Wire::Chat, state, headers, body).await
+}
+
+async fn messages(Extract(state): Extract<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(Wire::Messages, state, headers, body).await
+}
+
+async fn responses(Extract(state): Extract<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(Wire::Responses, state, headers, body).await
+}
+
+async fn handle(wire: Wire, state: Shared, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    state.metrics.request("chat_completions");
-    let resp = chat_inner(&state, &headers, body, started).await;
+    state.metrics.request(wire.name());
+    let resp = handle_inner(wire, &state, &headers, body, started).await;
     if resp.extensions().get::<Pumped>().is_none() {
         state.metrics.observe_latency(started.elapsed());
     }
     resp
 }
 
-async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: Instant) -> Response {
+/// Sends a request body to the upstream's `wire` endpoint.
+async fn send(
+    state: &State,
+    wire: Wire,
+    headers: &HeaderMap,
+    body: Vec<u8>,
+    deadline: Deadline,
+) -> Result<reqwest::Response, ApiError> {
+    let url = state
+        .upstream
+        .endpoint(wire.upstream_path().iter().copied(), None);
+    let request = state
+        .client
+        .post(url)
+        .headers(forwarded(headers))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    match timeout_at(deadline, request.send()).await {
+        Err(_) => Err(timed_out(state, "with response headers")),
+        Ok(Err(e)) => Err(upstream_failure(state, &e, "with response headers")),
+        Ok(Ok(r)) => Ok(r),
+    }
+}
+
+fn is_sse(resp: &reqwest::Response) -> bool {
+    resp.headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
+async fn handle_inner(
+    wire: Wire,
+    state: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+    started: Instant,
+) -> Response {
     let bytes = match read_body(
         headers,
         body,
@@ -323,7 +420,7 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
             if e.status == StatusCode::REQUEST_TIMEOUT {
                 state.metrics.slow_client();
             }
-            return e.into_response();
+            return e.response(wire);
         }
     };
     let mut json: Value = match serde_json::from_slice(&bytes) {
@@ -333,128 +430,106 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
                 "invalid_body",
                 "the request body must be a JSON object",
             )
-            .into_response();
+            .response(wire);
         }
         Err(e) => {
             return ApiError::invalid_request(
                 "invalid_json",
                 format!("the request body is not valid JSON: {e}"),
             )
-            .into_response();
+            .response(wire);
         }
     };
-    let turn = match state.prepare(headers, &mut json) {
-        Prepared::Fail(e) => return e.into_response(),
+    let turn = match judging(state, || state.prepare(wire, headers, &mut json)) {
+        Prepared::Fail(e) => return e.response(wire),
         Prepared::Reply(turn, text) => return reply(state, &turn, &text),
-        Prepared::Forward(turn) => turn,
+        Prepared::Forward(turn) => *turn,
     };
-    tracing::debug!(session = ?turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, "forwarding a chat completion");
-    let url = state.upstream.endpoint(["chat", "completions"], None);
+    tracing::debug!(session = ?turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, format = wire.name(), "forwarding");
     let deadline = Deadline::now() + state.options.timeout;
     let body = match serde_json::to_vec(&json) {
         Ok(b) => b,
         Err(e) => {
-            return ApiError::invalid_request("invalid_body", e.to_string()).into_response();
+            judging(state, || state.settle_turn(&turn));
+            return ApiError::invalid_request("invalid_body", e.to_string()).response(wire);
         }
     };
-    let request = state
-        .client
-        .post(url)
-        .headers(forwarded(headers))
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body);
-    let resp = match timeout_at(deadline, request.send()).await {
-        Err(_) => return timed_out(state, "with response headers").into_response(),
-        Ok(Err(e)) => return upstream_failure(state, &e, "with response headers").into_response(),
-        Ok(Ok(r)) => r,
+    let resp = match send(state, wire, headers, body, deadline).await {
+        Ok(r) => r,
+        Err(e) => {
+            judging(state, || state.settle_turn(&turn));
+            return e.response(wire);
+        }
     };
     if !resp.status().is_success() {
-        return pass_error(state, resp, deadline).await;
+        judging(state, || state.settle_turn(&turn));
+        return pass_error(state, wire, resp, deadline).await;
     }
-    let is_sse = resp
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let judge = TurnJudge::new(Arc::clone(state), turn);
-    if is_sse {
-        return stream(state, resp, judge, started).await;
+    if is_sse(&resp) {
+        let retry = Retry {
+            request: json,
+            headers: headers.clone(),
+        };
+        return stream(state, wire, resp, judge, retry, started).await;
     }
+    plain(state, wire, resp, judge, &json, headers, deadline).await
+}
+
+/// A whole (non-streamed) response, judged and rewritten; with a second chance when its lone
+/// call was a repeat under `chance_then_break`.
+async fn plain(
+    state: &Shared,
+    wire: Wire,
+    resp: reqwest::Response,
+    mut judge: TurnJudge,
+    request: &Value,
+    client_headers: &HeaderMap,
+    deadline: Deadline,
+) -> Response {
     let status = resp.status();
-    let client_headers = headers;
     let mut headers = HeaderMap::new();
     passed_back(resp.headers(), &mut headers);
     let raw = match read_upstream(state, resp, deadline).await {
         Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let mut value: Value = match serde_json::from_slice(&raw) {
-        Ok(v) => v,
         Err(e) => {
-            state.metrics.upstream_error("malformed");
-            tracing::warn!(error = %e, "the upstream answered with malformed JSON");
-            return ApiError::upstream(
-                StatusCode::BAD_GATEWAY,
-                "upstream_malformed",
-                format!("the upstream answered with malformed JSON: {e}"),
-            )
-            .into_response();
+            judging(state, || state.settle_turn(&judge.turn));
+            return e.response(wire);
         }
     };
-    let mut original = value.clone();
-    let mut judge = judge;
-    let mut done = match rewrite_response(&mut value, &mut judge) {
-        Ok(done) => done,
-        Err(e) => {
-            if e.code == "upstream_malformed" {
-                state.metrics.upstream_error("malformed");
-            }
-            return e.into_response();
-        }
+    let (mut value, mut raw, mut done) = match judged(state, wire, raw, &mut judge) {
+        Ok(x) => x,
+        Err(e) => return e.response(wire),
     };
-    let mut raw = raw;
     if let Some((call, guidance)) = judge.second_chance() {
         // chance_then_break: the repeated call is withheld; the upstream hears that it failed
         // and is asked once more, within this request. Its second answer goes to the client as
         // if it were the first (the same call again is refused by the ladder's next step).
-        match second_answer(
-            state,
-            client_headers,
-            &json,
-            &original,
-            &call,
-            &guidance,
-            deadline,
-        )
-        .await
-        {
-            Some((again_raw, again)) => {
-                judge.retried = true;
-                let mut rewritten = again.clone();
-                match rewrite_response(&mut rewritten, &mut judge) {
-                    Ok(again_done) => {
-                        let repeated = again_done
-                            .iter()
-                            .any(|i| i.tool_call_id.is_some() && i.action != "warn");
-                        state
-                            .metrics
-                            .second_chance(if repeated { "repeated" } else { "changed" });
-                        original = again;
-                        value = rewritten;
-                        raw = again_raw;
-                        done = again_done;
+        let again = match wire.retry(request, &value, &call, &guidance) {
+            Some(body) => second_answer(state, wire, client_headers, &body, deadline).await,
+            None => None,
+        };
+        match again {
+            Some(again_raw) => {
+                judge.retrying();
+                match judged(state, wire, again_raw, &mut judge) {
+                    Ok((v, r, d)) => {
+                        judge.chance_outcome(if repeated(&d) { "repeated" } else { "changed" });
+                        tracing::info!(tool = ?call.name, "a repeated call was withheld and the upstream asked once more");
+                        value = v;
+                        raw = r;
+                        done = d;
                     }
-                    Err(e) => return e.into_response(),
+                    Err(e) => {
+                        judge.chance_outcome("repeated");
+                        return e.response(wire);
+                    }
                 }
             }
-            None => state.metrics.second_chance("failed"),
+            None => judge.chance_outcome("failed"),
         }
     }
-    if !done.is_empty()
-        && let Some(obj) = value.as_object_mut()
-    {
-        obj.insert("loopguard".into(), crate::judge::body_field(&done));
-    }
-    let mut out = if value == original {
+    let mut out = if done.is_empty() {
         // Nothing changed: the client gets the upstream's bytes.
         let mut r = (status, raw).into_response();
         r.headers_mut().insert(
@@ -470,54 +545,59 @@ async fn chat_inner(state: &Shared, headers: &HeaderMap, body: Body, started: In
     out
 }
 
-/// The upstream's second answer for a turn whose lone call was a repeat given a second chance:
-/// the request again, with the withheld call and a failed tool result carrying `guidance`
-/// appended. `None` when it cannot be had (the first answer then stands).
+/// Whether a second answer repeated the call: an intervention on a call that is not a mere
+/// warning.
+fn repeated(done: &[Intervention]) -> bool {
+    done.iter()
+        .any(|i| i.tool_call_id.is_some() && i.action != "warn")
+}
+
+/// Parses and judges a whole upstream answer: the rewritten body, the upstream's bytes and
+/// what the proxy did; or the error to answer with.
+fn judged(
+    state: &Shared,
+    wire: Wire,
+    raw: Vec<u8>,
+    judge: &mut TurnJudge,
+) -> Result<(Value, Vec<u8>, Vec<Intervention>), ApiError> {
+    let mut value: Value = match serde_json::from_slice(&raw) {
+        Ok(v) => v,
+        Err(e) => {
+            judging(state, || state.settle_turn(&judge.turn));
+            return Err(malformed(state, format!("not JSON: {e}")));
+        }
+    };
+    judge.response_id = wire.response_id(&value).map(str::to_owned);
+    match judging(state, || wire.rewrite(&mut value, judge)) {
+        Rewritten::Judged(done) => Ok((value, raw, done)),
+        Rewritten::Stop(e) => Err(e),
+        Rewritten::Malformed(what) => {
+            judging(state, || state.settle_turn(&judge.turn));
+            Err(malformed(state, what))
+        }
+    }
+}
+
+/// The upstream's second answer for a turn whose lone call was a repeat given a second chance.
+/// `None` when it cannot be had (the first answer then stands).
 async fn second_answer(
     state: &Shared,
+    wire: Wire,
     headers: &HeaderMap,
-    request: &Value,
-    first: &Value,
-    call: &crate::judge::CallIn,
-    guidance: &str,
+    body: &Value,
     deadline: Deadline,
-) -> Option<(Vec<u8>, Value)> {
-    let message = first.get("choices")?.get(0)?.get("message")?.clone();
-    let mut body = request.clone();
-    let messages = body.get_mut("messages")?.as_array_mut()?;
-    messages.push(message);
-    messages.push(serde_json::json!({
-        "role": "tool",
-        "tool_call_id": call.id,
-        "content": guidance,
-    }));
-    let bytes = serde_json::to_vec(&body).ok()?;
-    let url = state.upstream.endpoint(["chat", "completions"], None);
-    let resp = timeout_at(
-        deadline,
-        state
-            .client
-            .post(url)
-            .headers(forwarded(headers))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(bytes)
-            .send(),
-    )
-    .await
-    .ok()?
-    .ok()?;
+) -> Option<Vec<u8>> {
+    let bytes = serde_json::to_vec(body).ok()?;
+    let resp = send(state, wire, headers, bytes, deadline).await.ok()?;
     if !resp.status().is_success() {
         state.metrics.upstream_error("status");
         return None;
     }
-    let raw = read_upstream(state, resp, deadline).await.ok()?;
-    let value = serde_json::from_slice(&raw).ok()?;
-    tracing::info!(tool = ?call.name, "a repeated call was withheld and the upstream asked once more");
-    Some((raw, value))
+    read_upstream(state, resp, deadline).await.ok()
 }
 
 /// The `x-loopguard-*` headers of a response the proxy changed (the most severe intervention).
-fn set_intervention_headers(out: &mut Response, done: &[crate::judge::Intervention]) {
+fn set_intervention_headers(out: &mut Response, done: &[Intervention]) {
     for (name, value) in crate::judge::headers(done).into_iter().flatten() {
         if let Ok(v) = HeaderValue::from_str(&value) {
             out.headers_mut().insert(name, v);
@@ -529,27 +609,36 @@ fn set_intervention_headers(out: &mut Response, done: &[crate::judge::Interventi
 #[derive(Clone, Copy, Debug)]
 struct Pumped;
 
-/// Streams an SSE response through the [`StreamJudge`]; a task reads the upstream so that a
-/// client that goes away is noticed at once and the upstream request is dropped with it.
 /// Longest a stream is held back waiting for something the client must see (see [`stream`]).
 const HOLD_MAX: Duration = Duration::from_secs(5);
 
 /// What the pump hands the response: bytes of the stream, or (before any byte was sent) the
-/// error that stops the session, answered with the same status as a plain request gets.
+/// error that stops the session, answered with the same status as a whole request gets.
 #[derive(Debug)]
 enum Piece {
     Data(Bytes),
     Stop(ApiError),
 }
 
+/// What a streamed turn needs to ask the upstream again.
+#[derive(Debug)]
+struct Retry {
+    request: Value,
+    headers: HeaderMap,
+}
+
 /// A streamed response. Nothing is sent until the stream has something the client must see
 /// (text, a released call, a finish), or for at most [`HOLD_MAX`] (half the upstream timeout if
 /// shorter): a stop decided before that is a plain error response, the same status and body as
-/// without streaming; once bytes have gone out it is the stream's last event.
+/// without streaming; once bytes have gone out it is the stream's last event. A session whose
+/// ladder gives repeated calls a second chance has each turn held whole until judged, so that
+/// a retry happens before anything of the turn is sent.
 async fn stream(
     state: &Shared,
+    wire: Wire,
     resp: reqwest::Response,
     judge: TurnJudge,
+    retry: Retry,
     started: Instant,
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Piece>(32);
@@ -558,15 +647,17 @@ async fn stream(
     let session = judge.turn.session.clone();
     tokio::spawn(pump(
         Arc::clone(state),
+        wire,
         resp,
-        StreamJudge::new(judge),
+        wire.stream(judge),
+        retry,
         tx,
         session,
         started,
     ));
     let first = match rx.recv().await {
         Some(Piece::Stop(e)) => {
-            let mut out = e.into_response();
+            let mut out = e.response(wire);
             out.extensions_mut().insert(Pumped);
             return out;
         }
@@ -581,7 +672,7 @@ async fn stream(
         rx.poll_recv(cx).map(|p| match p {
             Some(Piece::Data(b)) => Some(Ok(b)),
             // The pump sends a stop only before any data.
-            Some(Piece::Stop(e)) => Some(Ok(Bytes::from(e.sse_event()))),
+            Some(Piece::Stop(e)) => Some(Ok(Bytes::from(e.sse_event(wire)))),
             None => None,
         })
     }));
@@ -597,40 +688,130 @@ async fn stream(
     out
 }
 
+/// How a pumped stream ended.
+enum Ended {
+    /// The stream is over (or the client went away: `gone`).
+    Done { gone: bool },
+    /// The turn was held whole and its lone call is to get a second chance.
+    Retry,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn pump(
     state: Shared,
-    mut resp: reqwest::Response,
-    mut sj: StreamJudge<TurnJudge>,
+    wire: Wire,
+    resp: reqwest::Response,
+    rw: Box<dyn Rewriter<TurnJudge>>,
+    retry: Retry,
     tx: mpsc::Sender<Piece>,
     session: String,
     started: Instant,
 ) {
-    let idle = state.options.timeout;
-    let secs = idle.as_secs_f64();
-    let mut gone = false;
-    // Events held until the client must see something, for at most HOLD_MAX (see [`stream`]).
+    let mut rw = rw;
+    let mut resp = resp;
     let mut held: Vec<String> = Vec::new();
     let mut open = false;
-    let hold_until = tokio::time::Instant::now() + HOLD_MAX.min(idle / 2);
+    let hold_whole = rw.judge().turn.second_chances;
+    let mut retried = false;
     loop {
-        let next = tokio::select! {
-            () = tx.closed() => { gone = true; break; }
-            () = tokio::time::sleep_until(hold_until), if !open => {
-                // Held long enough: the stream opens (a comment if there is nothing yet, so
-                // that the client gets its headers); a later stop is its last event.
-                open = true;
-                let mut ready = std::mem::take(&mut held);
-                if ready.is_empty() {
-                    ready.push(": loopguard\n\n".to_owned());
+        let ended = pump_one(
+            &state, &mut resp, &mut rw, &tx, &mut held, &mut open, hold_whole,
+        )
+        .await;
+        match ended {
+            Ended::Done { gone } => {
+                if retried {
+                    let outcome = if repeated(&rw.state().interventions) {
+                        "repeated"
+                    } else {
+                        "changed"
+                    };
+                    rw.judge().chance_outcome(outcome);
                 }
-                for e in ready {
+                finish(&state, &mut rw, gone, &session, started);
+                return;
+            }
+            Ended::Retry => {}
+        }
+        // A second chance: the held turn is dropped and the upstream asked once more; its
+        // stream is pumped in its place as if it were the first.
+        let Some((call, guidance)) = rw.judge().second_chance() else {
+            return;
+        };
+        let again = rw
+            .answer()
+            .and_then(|answer| wire.retry(&retry.request, &answer, &call, &guidance));
+        let deadline = Deadline::now() + state.options.timeout;
+        let next = match again {
+            Some(body) => match serde_json::to_vec(&body) {
+                Ok(bytes) => send(&state, wire, &retry.headers, bytes, deadline)
+                    .await
+                    .ok(),
+                Err(_) => None,
+            },
+            None => None,
+        };
+        match next {
+            Some(r) if r.status().is_success() && is_sse(&r) => {
+                let mut judge = rw.into_judge();
+                judge.retrying();
+                tracing::info!(tool = ?call.name, "a repeated call was withheld and the upstream asked once more");
+                rw = wire.stream(judge);
+                resp = r;
+                held.clear();
+                retried = true;
+            }
+            _ => {
+                // The first answer stands, warned.
+                rw.judge().chance_outcome("failed");
+                if let Some(r) = next
+                    && !r.status().is_success()
+                {
+                    state.metrics.upstream_error("status");
+                }
+                let mut gone = false;
+                for e in std::mem::take(&mut held) {
                     if tx.send(Piece::Data(Bytes::from(e))).await.is_err() {
                         gone = true;
                         break;
                     }
                 }
-                if gone {
-                    break;
+                finish(&state, &mut rw, gone, &session, started);
+                return;
+            }
+        }
+    }
+}
+
+/// Pumps one upstream stream through its rewriter to the client.
+async fn pump_one(
+    state: &Shared,
+    resp: &mut reqwest::Response,
+    rw: &mut Box<dyn Rewriter<TurnJudge>>,
+    tx: &mpsc::Sender<Piece>,
+    held: &mut Vec<String>,
+    open: &mut bool,
+    hold_whole: bool,
+) -> Ended {
+    let idle = state.options.timeout;
+    let secs = idle.as_secs_f64();
+    let wire = rw.judge().turn.wire;
+    let hold_until = tokio::time::Instant::now() + HOLD_MAX.min(idle / 2);
+    loop {
+        let next = tokio::select! {
+            () = tx.closed() => return Ended::Done { gone: true },
+            () = tokio::time::sleep_until(hold_until), if !*open && !hold_whole => {
+                // Held long enough: the stream opens (a comment if there is nothing yet, so
+                // that the client gets its headers); a later stop is its last event.
+                *open = true;
+                let mut ready = std::mem::take(held);
+                if ready.is_empty() {
+                    ready.push(": loopguard\n\n".to_owned());
+                }
+                for e in ready {
+                    if tx.send(Piece::Data(Bytes::from(e))).await.is_err() {
+                        return Ended::Done { gone: true };
+                    }
                 }
                 continue;
             }
@@ -644,7 +825,7 @@ async fn pump(
                     "upstream_timeout",
                     format!("the upstream stream stalled: nothing for {secs} s"),
                 );
-                (vec![e.sse_event()], true)
+                (vec![e.sse_event(wire)], true)
             }
             Ok(Err(e)) => {
                 state.metrics.upstream_error("interrupted");
@@ -653,132 +834,145 @@ async fn pump(
                     "upstream_interrupted",
                     format!("the upstream stream broke off: {e}"),
                 );
-                (vec![e.sse_event()], true)
+                (vec![e.sse_event(wire)], true)
             }
-            Ok(Ok(None)) => (sj.finish(), true),
-            Ok(Ok(Some(bytes))) => (sj.push(&bytes), false),
+            Ok(Ok(None)) => (judging(state, || rw.finish()), true),
+            Ok(Ok(Some(bytes))) => (judging(state, || rw.push(&bytes)), false),
         };
-        let ready = if open {
+        let closed = rw.state().closed;
+        let ready = if *open {
             events
-        } else if let Some(e) = sj.terminated.clone() {
+        } else if let Some(e) = rw.state().terminated.clone() {
             // Stopped before anything was sent: a plain error response.
             if tx.send(Piece::Stop(e)).await.is_err() {
-                gone = true;
+                return Ended::Done { gone: true };
             }
-            break;
+            return Ended::Done { gone: false };
         } else {
             held.extend(events);
-            if !(sj.committed || last || sj.is_closed()) {
+            if hold_whole {
+                if !(last || closed) {
+                    continue;
+                }
+                if rw.judge().chance.is_some() && !rw.judge().retried {
+                    return Ended::Retry;
+                }
+            } else if !(rw.state().committed || last || closed) {
                 continue;
             }
-            open = true;
-            std::mem::take(&mut held)
+            *open = true;
+            std::mem::take(held)
         };
         for e in ready {
             if tx.send(Piece::Data(Bytes::from(e))).await.is_err() {
-                gone = true;
-                break;
+                return Ended::Done { gone: true };
             }
         }
-        if gone || last || sj.is_closed() {
-            break;
+        if last || closed {
+            return Ended::Done { gone: false };
         }
     }
-    if sj.malformed {
+}
+
+/// Counts how a stream ended.
+fn finish(
+    state: &State,
+    rw: &mut Box<dyn Rewriter<TurnJudge>>,
+    gone: bool,
+    session: &str,
+    started: Instant,
+) {
+    let s = rw.state();
+    if s.malformed {
         state.metrics.upstream_error("malformed");
     }
-    if sj.upstream_error {
+    if s.upstream_error {
         state.metrics.upstream_error("status");
     }
     if gone {
         state.metrics.client_disconnect();
         tracing::info!(
             session = ?session,
-            unreleased_calls = sj.abandon(),
+            unreleased_calls = rw.abandon(),
             "the client went away mid-stream; the upstream request is dropped"
         );
+        judging(state, || state.settle_turn(&rw.judge().turn));
     }
     state.metrics.observe_latency(started.elapsed());
 }
 
-/// The proxy's own answer (to in-chat commands), shaped as the client asked: a completion or a
-/// stream of chunks.
+/// The proxy's own answer (to in-chat commands), shaped as the client asked.
 fn reply(state: &State, turn: &Turn, text: &str) -> Response {
-    let id = state.completion_id();
-    let created = crate::state::now_ms() / 1000;
     let model = turn.model.as_deref().unwrap_or("loopguard");
-    if !turn.stream {
-        return json_response(
-            StatusCode::OK,
-            &json!({
-                "id": id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [{
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": null,
-                    "finish_reason": "stop",
-                }],
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            }),
-        );
-    }
-    let chunk = |delta: Value, finish: Value| {
-        format!(
-            "data: {}\n\n",
-            json!({
-                "id": id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-            })
-        )
-    };
-    let body = [
-        chunk(json!({"role": "assistant", "content": text}), Value::Null),
-        chunk(json!({}), json!("stop")),
-        "data: [DONE]\n\n".to_owned(),
-    ]
-    .concat();
+    let (body, content_type) = turn.wire.reply(text, model, state.next_id(), turn.stream);
     let mut out = Response::new(Body::from(body));
-    out.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    out.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     out
 }
 
-async fn models(Extract(state): Extract<Shared>, uri: Uri, headers: HeaderMap) -> Response {
-    state.metrics.request("models");
+/// Passes a request of a route beside the model endpoints (the model list, Anthropic's token
+/// count, stored Responses) to the upstream, unjudged: its path segment by segment under the
+/// upstream's base, its body bounded.
+async fn passthrough(
+    Extract(state): Extract<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let path = uri.path();
     let rest = path.strip_prefix("/v1").unwrap_or(path);
-    let id = rest.strip_prefix("/models").unwrap_or(rest);
-    let mut segments = vec!["models".to_owned()];
-    if let Some(id) = id.strip_prefix('/') {
-        let Some(more) = crate::upstream::model_segments(id) else {
-            return ApiError::invalid_request(
-                "invalid_model_id",
-                "a model id in the path may not have empty, `.` or `..` segments",
-            )
-            .into_response();
-        };
-        segments.extend(more);
-    }
+    state.metrics.request(if rest.starts_with("/models") {
+        "models"
+    } else {
+        "passthrough"
+    });
+    let Some(segments) = rest
+        .strip_prefix('/')
+        .and_then(crate::upstream::model_segments)
+    else {
+        return ApiError::invalid_request(
+            "invalid_path",
+            "a path may not have empty, `.` or `..` segments",
+        )
+        .into_response();
+    };
+    let bytes = if method == Method::GET || method == Method::HEAD {
+        Bytes::new()
+    } else {
+        match read_body(
+            &headers,
+            body,
+            state.options.max_body_bytes,
+            state.options.header_timeout,
+        )
+        .await
+        {
+            Ok(b) => b,
+            Err(e) => return e.into_response(),
+        }
+    };
     let url = state
         .upstream
         .endpoint(segments.iter().map(String::as_str), uri.query());
     let deadline = Deadline::now() + state.options.timeout;
-    let request = state.client.get(url).headers(forwarded(&headers));
+    let mut request = state
+        .client
+        .request(method.clone(), url)
+        .headers(forwarded(&headers));
+    if !bytes.is_empty() {
+        request = request
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(bytes);
+    }
     let resp = match timeout_at(deadline, request.send()).await {
         Err(_) => return timed_out(&state, "with response headers").into_response(),
         Ok(Err(e)) => return upstream_failure(&state, &e, "with response headers").into_response(),
         Ok(Ok(r)) => r,
     };
     if !resp.status().is_success() {
-        return pass_error(&state, resp, deadline).await;
+        return pass_error(&state, Wire::Chat, resp, deadline).await;
     }
     let status = resp.status();
     let content_type = resp

@@ -3,12 +3,16 @@
 //! In order:
 //!
 //! 1. the `X-Session-Id` header (`hdr:<value>`), when present and non-empty;
-//! 2. the request's `user` field (`user:<value>`), which OpenAI clients send per end user;
-//! 3. a stable hash of the conversation's first messages (`conv:<16 hex digits>`): every leading
-//!    `system`/`developer` message and the first `user` message, role and content, as the
-//!    client sent them. A conversation keeps its first messages as it grows, so every request of
-//!    it lands in the same session; two conversations that open with exactly the same prompts
-//!    share one — send `X-Session-Id` when that can happen (the same task run many times).
+//! 2. the client's own name for the conversation or its end user: chat's `user`, Anthropic's
+//!    `metadata.user_id` (`user:<value>`), a Responses `conversation` (`conv:<id>`) or `user`;
+//! 3. for a Responses request continuing a stored response (`previous_response_id`), the
+//!    session of that response (`resp:<id>` when the proxy never saw it);
+//! 4. a stable hash of the conversation's opening (`conv:<16 hex digits>`): the system prompt
+//!    (Anthropic's `system`, Responses' `instructions`, leading `system`/`developer` messages)
+//!    and the first user message, as the client sent them. A conversation keeps its opening as
+//!    it grows, so every request of it lands in the same session; two conversations that open
+//!    with exactly the same prompts share one — send `X-Session-Id` when that can happen (the
+//!    same task run many times).
 //!
 //! Ids longer than [`MAX_ID`] bytes are hashed, so a client cannot make the proxy keep
 //! arbitrarily long keys.
@@ -21,6 +25,8 @@
 use axum::http::HeaderMap;
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
+
+use crate::wire::Wire;
 
 /// The session header.
 pub const HEADER: &str = "x-session-id";
@@ -56,54 +62,36 @@ pub fn caller(headers: &HeaderMap, seed: u64) -> String {
     )
 }
 
-/// The session id of a chat-completions request, scoped to its caller.
-pub fn identify_scoped(headers: &HeaderMap, body: &Value, seed: u64) -> String {
-    format!("{}/{}", caller(headers, seed), identify(headers, body))
-}
-
-/// The session id of a chat-completions request, within one caller.
-pub fn identify(headers: &HeaderMap, body: &Value) -> String {
+/// The session of a request within its caller. `continued` names the session of a stored
+/// response the request continues, when the proxy knows it.
+pub fn identify(
+    headers: &HeaderMap,
+    wire: Wire,
+    body: &Value,
+    continued: impl FnOnce(&str) -> Option<String>,
+) -> String {
     if let Some(v) = headers.get(HEADER).and_then(|v| v.to_str().ok()) {
         let v = v.trim();
         if !v.is_empty() {
             return bounded("hdr", v);
         }
     }
-    if let Some(u) = body.get("user").and_then(Value::as_str) {
-        let u = u.trim();
-        if !u.is_empty() {
-            return bounded("user", u);
-        }
+    if let Some((kind, v)) = wire.session_hint(body) {
+        return bounded(kind, &v);
     }
-    format!("conv:{:016x}", conversation_hash(body))
+    if let Some(prev) = wire.previous_response(body) {
+        return continued(prev).unwrap_or_else(|| bounded("resp", prev));
+    }
+    format!("conv:{:016x}", xxh3_64(wire.opening(body).as_bytes()))
 }
 
-fn bounded(prefix: &str, v: &str) -> String {
+/// `prefix:value`, or `prefix:#<hash>` for a value longer than [`MAX_ID`].
+pub fn bounded(prefix: &str, v: &str) -> String {
     if v.len() <= MAX_ID {
         format!("{prefix}:{v}")
     } else {
         format!("{prefix}:#{:016x}", xxh3_64(v.as_bytes()))
     }
-}
-
-/// Hash of the leading system/developer messages and the first user message.
-fn conversation_hash(body: &Value) -> u64 {
-    let mut text = String::new();
-    if let Some(messages) = body.get("messages").and_then(Value::as_array) {
-        for m in messages {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-            // `serde_json` maps keep their keys sorted, so equal content prints equally.
-            let content = m.get("content").map(Value::to_string).unwrap_or_default();
-            text.push_str(role);
-            text.push('\u{1f}');
-            text.push_str(&content);
-            text.push('\u{1e}');
-            if role != "system" && role != "developer" {
-                break;
-            }
-        }
-    }
-    xxh3_64(text.as_bytes())
 }
 
 #[cfg(test)]
@@ -121,23 +109,27 @@ mod tests {
         json!({"model": "m", "messages": messages})
     }
 
+    fn id(h: &HeaderMap, b: &Value) -> String {
+        identify(h, Wire::Chat, b, |_| None)
+    }
+
     #[test]
     fn header_then_user_then_hash() {
         let mut h = HeaderMap::new();
         let mut b = body(&[]);
         b["user"] = json!("alice");
         h.insert(HEADER, HeaderValue::from_static("run-42"));
-        assert_eq!(identify(&h, &b), "hdr:run-42");
-        assert_eq!(identify(&HeaderMap::new(), &b), "user:alice");
-        let id = identify(&HeaderMap::new(), &body(&[]));
+        assert_eq!(id(&h, &b), "hdr:run-42");
+        assert_eq!(id(&HeaderMap::new(), &b), "user:alice");
+        let id = id(&HeaderMap::new(), &body(&[]));
         assert!(id.starts_with("conv:") && id.len() == 21, "{id}");
     }
 
     #[test]
     fn a_growing_conversation_keeps_its_session() {
         let h = HeaderMap::new();
-        let first = identify(&h, &body(&[]));
-        let later = identify(
+        let first = id(&h, &body(&[]));
+        let later = id(
             &h,
             &body(&[
                 json!({"role": "assistant", "content": null, "tool_calls": []}),
@@ -145,7 +137,7 @@ mod tests {
             ]),
         );
         assert_eq!(first, later);
-        let other = identify(
+        let other = id(
             &h,
             &json!({"messages": [{"role": "user", "content": "Write docs."}]}),
         );
@@ -158,8 +150,19 @@ mod tests {
         h.insert(HEADER, HeaderValue::from_static("   "));
         let long = "x".repeat(MAX_ID + 1);
         let b = json!({"user": long, "messages": []});
-        let id = identify(&h, &b);
+        let id = id(&h, &b);
         assert!(id.starts_with("user:#"), "{id}");
         assert!(id.len() < 30);
+    }
+
+    #[test]
+    fn a_continued_response_names_its_session() {
+        let b = json!({"previous_response_id": "resp_9", "input": []});
+        let h = HeaderMap::new();
+        assert_eq!(
+            identify(&h, Wire::Responses, &b, |p| Some(format!("conv:of-{p}"))),
+            "conv:of-resp_9"
+        );
+        assert_eq!(identify(&h, Wire::Responses, &b, |_| None), "resp:resp_9");
     }
 }

@@ -1,18 +1,15 @@
-//! The proxy's state: the policy in force with its engines, what the proxy remembers per
-//! session, and the judging of requests and responses against both.
+//! The proxy's state: the policy in force with its engine, the sessions, and the judging of
+//! requests and responses of every wire format against both.
 
-use std::collections::{HashMap, VecDeque};
-
-use lru::LruCache;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{MutexGuard, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, StatusCode};
-use loopguard_engine::{
-    Action, Arguments, Call, Engine, Event, Text, ToolResult, UserMessage, Verdict,
-};
+use loopguard_engine::{Action, Arguments, Call, Engine, Event, Text, UserMessage, Verdict};
 use loopguard_rules::{Policy, Settings};
+use loopguard_transcript::Kind;
 use serde_json::{Value, json};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -20,17 +17,10 @@ use crate::commands;
 use crate::error::ApiError;
 use crate::judge::{CallIn, Intervention, Judge, Judged};
 use crate::metrics::Metrics;
-use crate::request::{self, MARK};
 use crate::session;
+use crate::sessions::{self, Book, BookRef, Books, Loaded, Shared, Stored, lock};
+use crate::wire::{self, MARK, Seen, Wire};
 use crate::{Loader, Options, Setup};
-
-/// Distinct models with an engine of their own; requests for further models share the engine
-/// resolved with no model (a client cannot make the proxy compile unbounded engines).
-const MAX_ENGINES: usize = 64;
-/// Tool-result ids remembered per session, so a retried request is not counted twice.
-const MAX_SEEN: usize = 512;
-/// Nudges remembered per session (each is re-applied to its tool result in later requests).
-const MAX_NUDGES: usize = 64;
 
 /// Milliseconds since the Unix epoch: event time for the engine.
 pub fn now_ms() -> u64 {
@@ -39,27 +29,44 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// A policy in force: the policy, the server tier, and one engine per model seen.
+/// A policy in force: the policy, the server tier, and its one engine (every session resolved
+/// for its own model inside it).
 #[derive(Debug)]
 pub struct Guard {
+    /// The policy.
     pub policy: Policy,
-    pub server: Settings,
-    backend: Option<String>,
-    engines: Mutex<HashMap<Option<String>, Arc<Engine>>>,
+    engine: Arc<Engine>,
 }
 
 impl Guard {
+    /// The engine for `setup`. The plugins were checked when the policy was loaded; one that
+    /// fails now (its file changed since) is logged and the engine runs the built-in
+    /// detectors.
     pub fn new(setup: Setup, backend: Option<String>) -> Guard {
+        let build = |plugins: bool| {
+            let mut b = Engine::builder(&setup.policy).server_settings(setup.server.clone());
+            if let Some(backend) = &backend {
+                b = b.backend(backend);
+            }
+            if !plugins {
+                b = b.without_plugins();
+            }
+            b.build()
+        };
+        let engine = match build(true) {
+            Ok(e) => e,
+            Err(error) => {
+                tracing::error!(%error, "the policy's plugins cannot be loaded; running the built-in detectors");
+                match build(false) {
+                    Ok(e) => e,
+                    Err(_) => Engine::new(setup.policy.base().clone()),
+                }
+            }
+        };
         Guard {
             policy: setup.policy,
-            server: setup.server,
-            backend,
-            engines: Mutex::new(HashMap::new()),
+            engine: Arc::new(engine),
         }
-    }
-
-    fn engines_map(&self) -> MutexGuard<'_, HashMap<Option<String>, Arc<Engine>>> {
-        self.engines.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The policy's ladder names (the values `tool-loop-mode` accepts).
@@ -72,58 +79,6 @@ impl Guard {
             .collect()
     }
 
-    /// The engine for a model: the policy resolved for (backend, model) over the server tier.
-    pub fn engine(&self, model: Option<&str>) -> Arc<Engine> {
-        let mut map = self.engines_map();
-        let mut key = model.map(str::to_owned);
-        if !map.contains_key(&key) && map.len() >= MAX_ENGINES {
-            tracing::warn!(
-                model = ?model,
-                "more than {MAX_ENGINES} models seen; this one shares the engine without model overrides"
-            );
-            key = None;
-        }
-        if let Some(e) = map.get(&key) {
-            return Arc::clone(e);
-        }
-        // The plugins were checked when the policy was loaded; one that fails now (its file
-        // changed since) is logged and the engine runs the built-in detectors.
-        let plugins = match loopguard_engine::load_plugins(&self.policy) {
-            Ok(p) => p,
-            Err(errors) => {
-                for e in errors {
-                    tracing::error!(error = %e.host_error(), "a detector plugin failed to load; running without it");
-                }
-                Vec::new()
-            }
-        };
-        let mut b = Engine::builder(&self.policy)
-            .server_settings(self.server.clone())
-            .plugins(plugins);
-        if let Some(backend) = &self.backend {
-            b = b.backend(backend);
-        }
-        if let Some(model) = &key {
-            b = b.model(model);
-        }
-        let engine = match b.build() {
-            Ok(e) => Arc::new(e),
-            Err(error) => {
-                tracing::error!(%error, "cannot build an engine; running the built-in detectors");
-                let config =
-                    self.policy
-                        .resolve_with(self.backend.as_deref(), key.as_deref(), &self.server);
-                Arc::new(Engine::new(config))
-            }
-        };
-        map.insert(key, Arc::clone(&engine));
-        engine
-    }
-
-    fn all_engines(&self) -> Vec<Arc<Engine>> {
-        self.engines_map().values().cloned().collect()
-    }
-
     fn idle_ms(&self) -> u64 {
         self.policy
             .base()
@@ -133,92 +88,67 @@ impl Guard {
     }
 }
 
-/// A session's book, under its own lock.
-type BookRef = Arc<Mutex<Book>>;
-
-/// Locks a book (a panic while it was held leaves it as it was: every field stays valid).
-fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
-    book.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// What the proxy remembers about a session besides the engine's state.
-#[derive(Debug, Default)]
-struct Book {
-    last_ms: u64,
-    /// The session's run-time settings (also held by the engine; kept here so they survive a
-    /// policy reload and a change of model).
-    settings: Settings,
-    results_seen: VecDeque<String>,
-    tail_hash: Option<u64>,
-    /// (tool_call_id, note): applied to that tool result in every later request.
-    nudges: VecDeque<(String, String)>,
-    /// Notes about no call, for the next request only.
-    loose: Vec<String>,
-}
-
-impl Book {
-    fn first_sight(&mut self, id: &str) -> bool {
-        if self.results_seen.iter().any(|s| s == id) {
-            return false;
-        }
-        if self.results_seen.len() >= MAX_SEEN {
-            self.results_seen.pop_front();
-        }
-        self.results_seen.push_back(id.to_owned());
-        true
-    }
-
-    fn nudge(&mut self, anchor: &str, text: String) {
-        if self.nudges.len() >= MAX_NUDGES {
-            self.nudges.pop_front();
-        }
-        self.nudges.push_back((anchor.to_owned(), text));
-    }
-}
-
-/// One request's place: its session, model and the engine judging it.
+/// One request's place: its format, session, model and the engine judging it.
 #[derive(Debug, Clone)]
 pub struct Turn {
+    /// The wire format.
+    pub wire: Wire,
+    /// The session id (scoped to the caller).
     pub session: String,
+    /// The model the request names.
     pub model: Option<String>,
+    /// Whether the client asked for a stream.
     pub stream: bool,
+    /// The engine of the policy in force when the request came.
     pub engine: Arc<Engine>,
     /// Whether this caller may use in-chat commands (and is told about them).
     pub commands: bool,
     /// The client's `x-request-id`, else one the proxy made (for the decision log).
     pub request_id: String,
-    /// Assistant messages in the request: the response is the next one.
+    /// Assistant messages before the response: the response is the next one.
     pub assistant_turns: u64,
+    /// A Responses request whose responses the upstream stores (`store` not false).
+    pub stored: bool,
+    /// Whether the session's ladder gives repeated calls a second chance
+    /// (`chance_then_break`): a stream is then held whole until its calls are judged.
+    pub second_chances: bool,
 }
 
 /// What to do with a request once read.
 #[derive(Debug)]
 pub enum Prepared {
     /// Send it upstream (its body was rewritten in place).
-    Forward(Turn),
+    Forward(Box<Turn>),
     /// Answer it ourselves with this assistant text (in-chat commands).
-    Reply(Turn, String),
+    Reply(Box<Turn>, String),
+    /// Answer with this error.
     Fail(ApiError),
 }
 
 /// Everything the handlers share.
 pub struct State {
+    /// How the proxy runs.
     pub options: Options,
     /// The upstream base URL.
     pub upstream: crate::upstream::Upstream,
+    /// The backend the policy's overrides match.
     pub backend: Option<String>,
+    /// The counters of `/metrics`.
     pub metrics: Metrics,
+    /// The HTTP client for the upstream.
     pub client: reqwest::Client,
     guard: RwLock<Arc<Guard>>,
-    /// Per-session bookkeeping, at most `options.max_sessions`, least recently used first out.
-    /// This lock is held only to find (or make) a session's book; each book has its own lock,
-    /// held while the engine judges that session's events, so sessions never wait on each
-    /// other.
-    books: Mutex<LruCache<String, BookRef>>,
+    /// Per-session books, at most `options.max_sessions`, least recently used first out.
+    books: Books,
+    /// Sessions shared with other replicas, when the operator named a store.
+    shared: Option<Shared>,
+    /// Response id → session, for Responses requests continuing a stored response (when no
+    /// store is shared; with one, the store keeps them).
+    aliases: std::sync::Mutex<lru::LruCache<String, String>>,
     loader: Option<Arc<dyn Loader>>,
     next_id: AtomicU64,
-    /// The key of the credential hashes in session ids: chosen at random at start, or the
-    /// one saved with restored sessions (whose ids were made with it).
+    /// The key of the credential hashes in session ids: chosen at random at start, shared by
+    /// the replicas of one store, or the one saved with restored sessions.
     seed: AtomicU64,
     /// Keyed hashes of the keys allowed in-chat commands (`ChatCommands::Keys`), with their
     /// own key (never saved).
@@ -237,7 +167,11 @@ impl std::fmt::Debug for State {
     }
 }
 
+/// Most response ids remembered with their session (without a shared store).
+const MAX_ALIASES: usize = 100_000;
+
 impl State {
+    /// The state for a policy; sessions shared through `shared` when given.
     pub fn new(
         options: Options,
         upstream: crate::upstream::Upstream,
@@ -262,6 +196,7 @@ impl State {
             }
             _ => Vec::new(),
         };
+        let max_sessions = options.max_sessions;
         State {
             guard: RwLock::new(Arc::new(Guard::new(setup, backend.clone()))),
             seed: AtomicU64::new(seed),
@@ -272,7 +207,9 @@ impl State {
             backend,
             metrics: Metrics::default(),
             client,
-            books: Mutex::new(LruCache::unbounded()),
+            books: Books::new(max_sessions),
+            shared: None,
+            aliases: std::sync::Mutex::new(lru::LruCache::unbounded()),
             loader,
             next_id: AtomicU64::new(1),
             decisions: None,
@@ -285,77 +222,191 @@ impl State {
         self
     }
 
+    /// Shares sessions through `shared` from now on, with the replicas' common key of
+    /// credential hashes (read from the store, or stored there by the first replica).
+    pub fn with_shared(mut self, shared: Option<Shared>) -> Result<State, sessions::StoreError> {
+        if let Some(store) = &shared {
+            let seed = store.shared_seed(self.seed.load(Ordering::Relaxed))?;
+            self.seed.store(seed, Ordering::Relaxed);
+        }
+        self.shared = shared;
+        Ok(self)
+    }
+
+    /// Whether judging may block the thread (plugins may take their time; a shared store is a
+    /// network round trip): the server then runs it off the async workers.
+    pub fn blocks(&self) -> bool {
+        self.shared.is_some() || !self.guard().engine.rules().plugins().is_empty()
+    }
+
+    /// The policy in force.
     pub fn guard(&self) -> Arc<Guard> {
         Arc::clone(&self.guard.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn books(&self) -> MutexGuard<'_, LruCache<String, BookRef>> {
-        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    /// How many sessions the proxy holds.
+    pub fn session_count(&self) -> usize {
+        self.books.len()
     }
 
-    /// The book of `session`, made the most recently used; a new session beyond
-    /// `max_sessions` evicts the least recently used one (its engine state too). The books'
-    /// lock is held only for this.
-    fn book(&self, session: &str, now: u64) -> BookRef {
-        let mut books = self.books();
-        self.book_in(&mut books, session, now)
+    /// A fresh number for an id the proxy makes itself.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn book_in(&self, books: &mut LruCache<String, BookRef>, session: &str, now: u64) -> BookRef {
-        if !books.contains(session) {
-            while books.len() >= self.options.max_sessions.max(1) {
-                let Some((old, _)) = books.pop_lru() else {
-                    break;
-                };
-                for e in self.guard().all_engines() {
-                    e.remove_session(&old, now);
+    /// The book of `session`, made the most recently used and brought up to date from the
+    /// shared store; evicted sessions leave the engine too.
+    fn book(&self, session: &str, engine: &Engine) -> BookRef {
+        let (book, evicted) = self.books.get(session);
+        let now = now_ms();
+        for old in evicted {
+            engine.remove_session(&old, now);
+            self.metrics.session_evicted("capacity");
+        }
+        book
+    }
+
+    /// Brings a locked book and its engine session up to the shared store's version.
+    fn sync(&self, session: &str, engine: &Engine, book: &mut Book) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        match shared.load(session, book.version.as_deref()) {
+            Ok(Loaded::Unchanged) => self.metrics.session_store("hit"),
+            Ok(Loaded::Missing) => {
+                self.metrics.session_store("miss");
+                if book.version.is_some() {
+                    // The shared state expired: the session starts over everywhere.
+                    engine.remove_session(session, now_ms());
+                    *book = Book::default();
                 }
-                self.metrics.session_evicted("capacity");
+            }
+            Ok(Loaded::Changed(version, stored)) => {
+                self.metrics.session_store("load");
+                let Stored {
+                    engine: snapshot,
+                    book: stored_book,
+                } = *stored;
+                match snapshot {
+                    Some(s) => {
+                        if let Err(error) = engine.restore_session(session, &s) {
+                            tracing::warn!(session = ?session, %error, "a shared session cannot be restored; it starts over");
+                            engine.remove_session(session, now_ms());
+                        }
+                    }
+                    None => {
+                        engine.remove_session(session, now_ms());
+                    }
+                }
+                *book = stored_book;
+                book.version = Some(version);
+            }
+            Err(error) => {
+                self.metrics.session_store("error");
+                tracing::warn!(%error, "the session store cannot be read; judging with what this replica holds");
             }
         }
-        Arc::clone(books.get_or_insert_ref(session, BookRef::default))
     }
 
-    pub fn session_count(&self) -> usize {
-        self.books().len()
+    /// Writes a changed session to the shared store.
+    fn settle(&self, session: &str, engine: &Engine, book: &mut Book) {
+        if !book.dirty {
+            return;
+        }
+        book.dirty = false;
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let version = sessions::new_version();
+        let stored = Stored {
+            engine: engine.snapshot_session(session),
+            book: book.clone(),
+        };
+        match shared.save(session, &version, book.version.as_deref(), &stored) {
+            Ok(clean) => {
+                self.metrics
+                    .session_store(if clean { "save" } else { "conflict" });
+                book.version = Some(version);
+            }
+            Err(error) => {
+                book.dirty = true;
+                self.metrics.session_store("error");
+                tracing::warn!(%error, "the session store cannot be written; other replicas will not see this request");
+            }
+        }
     }
 
-    /// A fresh id for a completion the proxy writes itself.
-    pub fn completion_id(&self) -> String {
-        format!(
-            "chatcmpl-loopguard-{}",
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        )
+    /// Writes the session of `turn` to the shared store if the request changed it (for a
+    /// request that ends without its response being judged).
+    pub fn settle_turn(&self, turn: &Turn) {
+        if self.shared.is_none() {
+            return;
+        }
+        let book = self.book(&turn.session, &turn.engine);
+        let mut book = lock(&book);
+        self.settle(&turn.session, &turn.engine, &mut book);
     }
 
-    /// Every session of every engine, as one JSON document: `{"version": 1, "key": …,
-    /// "engines": [{"model": …, "snapshot": …}]}` (the engine snapshots of
-    /// [`Engine::snapshot`], and the key of the credential hashes in their ids).
+    /// The session a Responses request continuing the stored response `id` belongs to.
+    fn alias(&self, id: &str) -> Option<String> {
+        match &self.shared {
+            Some(shared) => shared.alias(id).unwrap_or_else(|error| {
+                self.metrics.session_store("error");
+                tracing::warn!(%error, "the session store cannot be read");
+                None
+            }),
+            None => self
+                .aliases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(id)
+                .cloned(),
+        }
+    }
+
+    fn set_alias(&self, id: &str, session: &str) {
+        match &self.shared {
+            Some(shared) => {
+                if let Err(error) = shared.set_alias(id, session) {
+                    self.metrics.session_store("error");
+                    tracing::warn!(%error, "the session store cannot be written");
+                }
+            }
+            None => {
+                let mut aliases = self.aliases.lock().unwrap_or_else(|e| e.into_inner());
+                if aliases.len() >= MAX_ALIASES {
+                    aliases.pop_lru();
+                }
+                aliases.put(id.to_owned(), session.to_owned());
+            }
+        }
+    }
+
+    /// Every session, as one JSON document: `{"version": 2, "key": …, "snapshot": …,
+    /// "books": {…}}` (the engine's snapshot of [`Engine::snapshot`], the proxy's books, and the
+    /// key of the credential hashes in their ids).
     pub fn sessions_document(&self) -> Value {
         let guard = self.guard();
-        let engines: Vec<Value> = guard
-            .engines_map()
-            .iter()
-            .map(|(model, e)| json!({"model": model, "snapshot": e.snapshot()}))
+        let books: serde_json::Map<String, Value> = self
+            .books
+            .all()
+            .into_iter()
+            .filter_map(|(id, b)| Some((id, serde_json::to_value(&*lock(&b)).ok()?)))
             .collect();
         // The session ids' key goes with them: restored sessions keep their ids.
         json!({
-            "version": 1,
+            "version": 2,
             "key": self.seed.load(Ordering::Relaxed).to_string(),
-            "engines": engines,
+            "snapshot": guard.engine.snapshot(),
+            "books": books,
         })
     }
 
-    /// Restores the sessions of a [`State::sessions_document`] into this policy's engines;
-    /// returns how many sessions came back. A session the policy cannot take is skipped (and
-    /// logged); a document of another shape is an error.
+    /// Restores the sessions of a [`State::sessions_document`] (or of the version 1 document,
+    /// one engine snapshot per model); returns how many sessions came back. A session the
+    /// policy cannot take is skipped (and logged); a document of another shape is an error.
     pub fn restore_sessions(&self, doc: &Value) -> Result<usize, String> {
-        if doc.get("version").and_then(Value::as_u64) != Some(1) {
-            return Err("not a loopguard proxy state file of version 1".to_owned());
-        }
-        let Some(engines) = doc.get("engines").and_then(Value::as_array) else {
-            return Err("the state file has no `engines` list".to_owned());
-        };
+        let version = doc.get("version").and_then(Value::as_u64);
         let Some(key) = doc
             .get("key")
             .and_then(Value::as_str)
@@ -363,16 +414,22 @@ impl State {
         else {
             return Err("the state file has no session-id `key`".to_owned());
         };
-        self.seed.store(key, Ordering::Relaxed);
         let guard = self.guard();
-        let now = now_ms();
+        let engine = &guard.engine;
+        let snapshots: Vec<(Option<&str>, &Value)> = match version {
+            Some(2) => vec![(None, doc.get("snapshot").ok_or("no `snapshot`")?)],
+            Some(1) => doc
+                .get("engines")
+                .and_then(Value::as_array)
+                .ok_or("the state file has no `engines` list")?
+                .iter()
+                .filter_map(|e| Some((e.get("model").and_then(Value::as_str), e.get("snapshot")?)))
+                .collect(),
+            _ => return Err("not a loopguard proxy state file of version 1 or 2".to_owned()),
+        };
+        self.seed.store(key, Ordering::Relaxed);
         let mut restored = 0;
-        for entry in engines {
-            let model = entry.get("model").and_then(Value::as_str);
-            let Some(snapshot) = entry.get("snapshot") else {
-                continue;
-            };
-            let engine = guard.engine(model);
+        for (model, snapshot) in snapshots {
             let (ids, skipped) = engine
                 .restore_sessions(snapshot)
                 .map_err(|e| format!("a saved engine cannot be read: {e}"))?;
@@ -381,22 +438,30 @@ impl State {
             }
             for id in ids {
                 restored += 1;
-                let settings = engine.session_settings(&id);
-                let book = self.book(&id, now);
+                if model.is_some() {
+                    engine.set_session_target(&id, None, model);
+                }
+                let book = self.book(&id, engine);
                 let mut book = lock(&book);
-                book.last_ms = now;
-                book.settings = settings;
+                let saved = doc
+                    .get("books")
+                    .and_then(|b| b.get(&id))
+                    .and_then(|b| serde_json::from_value::<Book>(b.clone()).ok());
+                if let Some(saved) = saved {
+                    *book = saved;
+                }
+                book.last_ms = now_ms();
             }
         }
         Ok(restored)
     }
 
     /// Loads the policy again; on success it replaces the one in force. Sessions carry over:
-    /// each is moved into the new policy's engines through its snapshot (counts, escalation,
-    /// settings); one the new policy cannot take (its settings name a ladder that is gone)
-    /// starts over, logged. Events of requests already in flight during the reload are judged
-    /// by the old policy and not carried. On failure nothing changes. Returns the new policy's
-    /// name and how many sessions carried over.
+    /// each is moved into the new policy's engine through its snapshot (counts, escalation,
+    /// settings, model); one the new policy cannot take (its settings name a ladder that is
+    /// gone) starts over, logged. Events of requests already in flight during the reload are
+    /// judged by the old policy and not carried. On failure nothing changes. Returns the new
+    /// policy's name and how many sessions carried over.
     pub fn reload(&self) -> Result<(String, usize), String> {
         let loader = self
             .loader
@@ -404,36 +469,32 @@ impl State {
             .ok_or_else(|| "this proxy has no policy source to reload".to_owned())?;
         let setup = loader.load()?;
         let guard = Arc::new(Guard::new(setup, self.backend.clone()));
-        let ladders = guard.ladders();
-        for (id, book) in self.books().iter() {
-            let mut book = lock(book);
-            if let Some(mode) = book.settings.mode.clone()
-                && !ladders.contains(&mode.as_str())
-            {
-                tracing::warn!(session = ?id, mode = ?mode, "the reloaded policy has no such ladder; the session's tool-loop-mode is unset");
-                book.settings.mode = None;
-            }
-        }
         let old = self.guard();
         let mut kept = 0;
-        let olds: Vec<(Option<String>, Arc<Engine>)> = old
-            .engines_map()
-            .iter()
-            .map(|(k, e)| (k.clone(), Arc::clone(e)))
-            .collect();
-        for (model, engine) in olds {
-            let target = guard.engine(model.as_deref());
-            for id in engine.session_ids() {
-                let Some(snapshot) = engine.snapshot_session(&id) else {
-                    continue;
-                };
-                match target.restore_session(&id, &snapshot) {
-                    Ok(()) => kept += 1,
-                    Err(error) => tracing::warn!(
-                        session = ?id,
-                        %error,
-                        "the reloaded policy cannot take this session; it starts over"
-                    ),
+        for id in old.engine.session_ids() {
+            let Some(snapshot) = old.engine.snapshot_session(&id) else {
+                continue;
+            };
+            match guard.engine.restore_session(&id, &snapshot) {
+                Ok(()) => kept += 1,
+                Err(error) => {
+                    // Most often a session tier naming a ladder the new policy lacks: the
+                    // session keeps its counts without that setting.
+                    let mut s = snapshot.clone();
+                    if let Some(obj) = s.as_object_mut() {
+                        obj.remove("settings");
+                    }
+                    match guard.engine.restore_session(&id, &s) {
+                        Ok(()) => {
+                            kept += 1;
+                            tracing::warn!(session = ?id, %error, "the reloaded policy cannot take this session's settings; they are unset");
+                        }
+                        Err(error) => tracing::warn!(
+                            session = ?id,
+                            %error,
+                            "the reloaded policy cannot take this session; it starts over"
+                        ),
+                    }
                 }
             }
         }
@@ -442,32 +503,37 @@ impl State {
         Ok((name, kept))
     }
 
-    /// Forgets sessions idle longer than the policy's `time.session_idle_seconds`.
+    /// Forgets sessions idle longer than the policy's `time.session_idle_seconds` (by the last
+    /// request that used them: the books decide, and an evicted session leaves the engine too;
+    /// a session whose settings were just changed in chat has no event yet, and is not idle).
     pub fn evict_idle(&self, now: u64) -> usize {
         let guard = self.guard();
-        for e in guard.all_engines() {
-            e.evict_idle(now);
-        }
-        let idle = guard.idle_ms();
-        let mut books = self.books();
-        // Least recently used first: every use stamps `last_ms`, so the idle ones are at the end.
-        // A book in use right now (its lock taken) is not idle.
-        let mut evicted = 0;
-        while books.peek_lru().is_some_and(|(_, b)| {
-            b.try_lock()
-                .is_ok_and(|b| now.saturating_sub(b.last_ms) >= idle)
-        }) {
-            books.pop_lru();
-            evicted += 1;
+        let evicted = self.books.evict_idle(
+            now.saturating_sub(guard.idle_ms()).saturating_add(1),
+            self.shared.is_some(),
+        );
+        for id in &evicted {
+            guard.engine.remove_session(id, now);
             self.metrics.session_evicted("idle");
         }
-        evicted
+        evicted.len()
     }
 
-    /// Reads a chat-completions request: session, commands, tail events, nudges. Rewrites
+    /// The session of a request: the `X-Session-Id` header, else the client's own name for
+    /// the conversation, else the session of the stored response it continues, else a hash of
+    /// its opening; always scoped to the caller's credential.
+    fn identify(&self, wire: Wire, headers: &HeaderMap, body: &Value) -> String {
+        let caller = session::caller(headers, self.seed.load(Ordering::Relaxed));
+        let id = session::identify(headers, wire, body, |prev| {
+            self.alias(&format!("{caller}/{prev}"))
+        });
+        format!("{caller}/{id}")
+    }
+
+    /// Reads a request of any wire format: session, commands, tail events, nudges. Rewrites
     /// `body` into what goes upstream.
-    pub fn prepare(&self, headers: &HeaderMap, body: &mut Value) -> Prepared {
-        let session = session::identify_scoped(headers, body, self.seed.load(Ordering::Relaxed));
+    pub fn prepare(&self, wire: Wire, headers: &HeaderMap, body: &mut Value) -> Prepared {
+        let session = self.identify(wire, headers, body);
         let honour = match &self.options.chat_commands {
             crate::ChatCommands::Off => false,
             crate::ChatCommands::Everyone => true,
@@ -476,37 +542,51 @@ impl State {
                     .contains(&session::key_hash(k, self.command_seed))
             }),
         };
-        let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
-        let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
-        let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
+        let model = wire.model(body).map(str::to_owned);
+        let stream = wire.wants_stream(body);
+        let previous = wire.previous_response(body).map(str::to_owned);
+        let stored = wire == Wire::Responses && wire::responses::stored(body);
+        let guard = self.guard();
+        let engine = Arc::clone(&guard.engine);
+        let Some(list) = wire.conversation_mut(body) else {
             return Prepared::Fail(ApiError::invalid_request(
                 "invalid_messages",
-                "the request needs `messages`, an array of chat messages",
+                match wire {
+                    Wire::Responses => "the request needs `input`, a string or a list of items",
+                    _ => "the request needs `messages`, an array of messages",
+                },
             ));
         };
-        let guard = self.guard();
-        let engine = guard.engine(model.as_deref());
-        let request_id = request_id(headers)
-            .unwrap_or_else(|| format!("lg-{}", self.next_id.fetch_add(1, Ordering::Relaxed)));
-        let assistant_turns = messages
+        let request_id = request_id(headers).unwrap_or_else(|| format!("lg-{}", self.next_id()));
+        let stripped = wire::strip_commands(wire, list, honour);
+        let now = now_ms();
+        let book_ref = self.book(&session, &engine);
+        let mut book = lock(&book_ref);
+        self.sync(&session, &engine, &mut book);
+        book.last_ms = now;
+        engine.set_session_target(&session, None, model.as_deref());
+        let in_request = list
             .iter()
-            .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+            .filter(|m| wire.classify(m) == Seen::Assistant)
             .count() as u64;
-        let turn = Turn {
+        let assistant_turns = if previous.is_some() {
+            book.turns.max(in_request)
+        } else {
+            in_request
+        };
+        let second_chances = uses_second_chances(&engine, &session);
+        let turn = Box::new(Turn {
+            wire,
             session,
             model,
             stream,
-            engine,
+            engine: Arc::clone(&engine),
             commands: honour,
             request_id,
             assistant_turns,
-        };
-        let stripped = request::strip_commands(messages, honour);
-        let now = now_ms();
-        let book = self.book(&turn.session, now);
-        let mut book = lock(&book);
-        let book = &mut *book;
-        book.last_ms = now;
+            stored,
+            second_chances,
+        });
         let ladders = guard.ladders();
         if !stripped.errors.is_empty() {
             self.metrics.command("invalid");
@@ -514,7 +594,8 @@ impl State {
             return Prepared::Reply(turn, invalid_reply(&stripped.errors, &ladders));
         }
         if !stripped.commands.is_empty() {
-            match commands::apply(&stripped.commands, &book.settings, &ladders) {
+            let current = engine.session_settings(&turn.session);
+            match commands::apply(&stripped.commands, &current, &ladders) {
                 Err(errors) => {
                     self.metrics.command("invalid");
                     tracing::info!(session = ?turn.session, ?errors, "invalid in-chat setting; not forwarded");
@@ -523,31 +604,45 @@ impl State {
                 Ok((settings, changes)) => {
                     self.metrics.command("applied");
                     tracing::info!(session = ?turn.session, changes = ?changes, now = ?settings.to_string(), "session settings changed in chat");
-                    book.settings = settings;
-                    turn.engine
-                        .set_session_settings(&turn.session, book.settings.clone());
+                    engine.set_session_settings(&turn.session, settings.clone());
+                    book.dirty = true;
                     if stripped.reply_needed {
-                        let text = applied_reply(&changes, &book.settings, &guard.policy.name);
+                        self.settle(&turn.session, &engine, &mut book);
+                        let text = applied_reply(&changes, &settings, &guard.policy.name);
                         return Prepared::Reply(turn, text);
                     }
                 }
             }
         }
-        if turn.engine.session_settings(&turn.session) != book.settings {
-            // A reloaded policy or another model's engine: give it the session's settings.
-            turn.engine
-                .set_session_settings(&turn.session, book.settings.clone());
+        let list = match wire.conversation_mut(body) {
+            Some(l) => l,
+            None => return Prepared::Fail(ApiError::invalid_request("invalid_messages", "")),
+        };
+        if let Some(prev) = &previous {
+            // Calls of the continued response that the client never saw are answered here.
+            let withheld = book.take_withheld(prev);
+            if !withheld.is_empty() {
+                book.dirty = true;
+                let outputs = withheld
+                    .iter()
+                    .map(|(call, note)| wire::responses::withheld_output(call, note));
+                list.splice(0..0, outputs);
+            }
         }
-        if let Err(e) = self.observe_tail(&turn, book, messages, &stripped.in_tail, now) {
+        if let Err(e) = self.observe_tail(&turn, &mut book, list, now) {
+            self.settle(&turn.session, &engine, &mut book);
             return Prepared::Fail(*e);
         }
         let anchored: Vec<(String, String)> = book.nudges.iter().cloned().collect();
         let loose = std::mem::take(&mut book.loose);
+        if !loose.is_empty() {
+            book.dirty = true;
+        }
         let placement = self
             .options
             .nudge
-            .unwrap_or(turn.engine.rules().config().nudge);
-        request::apply_nudges(messages, &anchored, &loose, placement);
+            .unwrap_or(engine.session_rules(&turn.session).config().nudge);
+        wire::apply_nudges(wire, list, &anchored, &loose, placement);
         Prepared::Forward(turn)
     }
 
@@ -556,76 +651,76 @@ impl State {
         &self,
         turn: &Turn,
         book: &mut Book,
-        messages: &[Value],
-        in_tail: &[bool],
+        list: &[Value],
         now: u64,
     ) -> Result<(), Box<ApiError>> {
-        // Each tail message with its turn: the assistant messages before it, as `loopctl
-        // simulate` counts them.
-        let mut assistants = 0u64;
-        let tail: Vec<(&Value, u64)> = messages
-            .iter()
-            .zip(in_tail)
-            .filter_map(|(m, t)| {
-                if m.get("role").and_then(Value::as_str) == Some("assistant") {
-                    assistants += 1;
-                }
-                t.then_some((m, assistants))
-            })
-            .collect();
+        let wire = turn.wire;
+        let tail = wire::tail_start(wire, list);
         // A retried request has the same tail at the same place; a user who says the same
         // thing again says it further down the conversation.
-        let position = in_tail.iter().position(|t| *t).unwrap_or(messages.len());
-        let text: String = tail.iter().map(|(m, _)| m.to_string()).collect();
-        let hash = xxh3_64(format!("{position}\u{1e}{text}").as_bytes());
+        let text: String = list
+            .get(tail..)
+            .unwrap_or_default()
+            .iter()
+            .map(Value::to_string)
+            .collect();
+        let hash = xxh3_64(format!("{tail}\u{1e}{text}").as_bytes());
         let repeated = book.tail_hash == Some(hash);
-        book.tail_hash = Some(hash);
-        let mut after_results = false;
-        for (m, at_turn) in tail {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-            // A user message right after tool results was appended by the host (a framework's
-            // observation or "continue" prompt), not written by a person: it resets nothing.
-            let host_prompt = role == "user" && after_results;
-            after_results = matches!(role, "tool" | "function");
-            match role {
-                "tool" | "function" => {
-                    let id = m
-                        .get("tool_call_id")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
+        if book.tail_hash != Some(hash) {
+            book.tail_hash = Some(hash);
+            book.dirty = true;
+        }
+        // The tail's events, read as `loopctl simulate` reads them; each with its turn (the
+        // assistant messages before it).
+        let items = wire.read(list);
+        let base = turn.assistant_turns.saturating_sub(
+            list.iter()
+                .filter(|m| wire.classify(m) == Seen::Assistant)
+                .count() as u64,
+        );
+        for item in items.iter().filter(|i| i.line > tail) {
+            let at_turn = base + item.turn;
+            match &item.kind {
+                Kind::Result {
+                    id, output, error, ..
+                } => {
                     if id.is_empty() || !book.first_sight(id) {
                         continue;
                     }
+                    book.dirty = true;
                     self.metrics.tool_result();
-                    let output = request::text_of(m.get("content"));
-                    let v = turn.engine.observe(&Event::Result(ToolResult {
-                        session: &turn.session,
-                        call_id: id,
-                        output: &output,
-                        is_error: false,
-                        exit_code: None,
-                        time_ms: now,
-                    }));
+                    let v = turn
+                        .engine
+                        .observe(&Event::Result(loopguard_engine::ToolResult {
+                            session: &turn.session,
+                            call_id: id,
+                            output,
+                            is_error: *error,
+                            exit_code: None,
+                            time_ms: now,
+                        }));
                     if v.is_allow() {
                         log_notes(&v, &turn.session);
                         continue;
                     }
-                    let tool = request::tool_name_for(messages, id);
-                    self.record(&v, turn, at_turn, "result", tool, Some(id));
+                    let tool = tool_name(&items, id)
+                        .map(str::to_owned)
+                        .or_else(|| book.tool_of(id).map(str::to_owned));
+                    self.record(&v, turn, at_turn, "result", tool.as_deref(), Some(id));
                     if v.action == Action::Terminate {
-                        return Err(Box::new(stop_error(&v, tool, turn)));
+                        return Err(Box::new(stop_error(&v, tool.as_deref(), turn)));
                     }
                     book.nudge(id, note(&v));
                 }
-                "user" if !repeated => {
-                    let text = request::text_of(m.get("content"));
+                Kind::User { text, injected } if !repeated => {
                     if text.trim().is_empty() {
                         continue;
                     }
+                    book.dirty = true;
                     let v = turn.engine.observe(&Event::User(UserMessage {
                         session: &turn.session,
-                        text: &text,
-                        injected: host_prompt,
+                        text,
+                        injected: *injected,
                         time_ms: now,
                     }));
                     if !v.is_allow() {
@@ -654,6 +749,20 @@ impl State {
         tool: Option<&str>,
         tool_call_id: Option<&str>,
     ) {
+        self.record_with(v, turn, at_turn, kind, tool, tool_call_id, None);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_with(
+        &self,
+        v: &Verdict,
+        turn: &Turn,
+        at_turn: u64,
+        kind: &'static str,
+        tool: Option<&str>,
+        tool_call_id: Option<&str>,
+        second_chance: Option<&'static str>,
+    ) {
         let session = turn.session.as_str();
         if let Some(log) = &self.decisions {
             log.write(
@@ -665,6 +774,7 @@ impl State {
                     kind,
                     tool,
                     tool_call_id,
+                    second_chance,
                 },
                 v,
                 now_ms(),
@@ -686,6 +796,28 @@ impl State {
         tracing::debug!(session = ?session, message = ?v.message, "loop intervention message");
         log_notes(v, session);
     }
+}
+
+/// Whether the session's ladders include `chance_then_break` (its policy's, a category's, or
+/// its own mode).
+fn uses_second_chances(engine: &Engine, session: &str) -> bool {
+    let rules = engine.session_rules(session);
+    let c = rules.config();
+    c.ladder == SECOND_CHANCE_LADDER
+        || c.categories
+            .iter()
+            .any(|cat| cat.ladder.as_deref() == Some(SECOND_CHANCE_LADDER))
+}
+
+/// The ladder that gives a repeated call a second chance.
+const SECOND_CHANCE_LADDER: &str = "chance_then_break";
+
+/// The tool name of a call id, from the events of a request.
+fn tool_name<'a>(items: &'a [loopguard_transcript::Item], id: &str) -> Option<&'a str> {
+    items.iter().rev().find_map(|i| match &i.kind {
+        Kind::Call { id: c, tool, .. } if c == id => Some(tool.as_str()),
+        _ => None,
+    })
 }
 
 /// The client's `x-request-id`: printable ASCII, at most 128 bytes (anything else is ignored).
@@ -786,10 +918,16 @@ fn invalid_reply(errors: &[String], ladders: &[&str]) -> String {
     )
 }
 
+/// The tool result the upstream sees for a repeated call it is given a second chance on.
+pub const SECOND_CHANCE: &str = "This exact call was just made and failed the same way: change \
+     the arguments or the approach.";
+
 /// Judges the turns of one upstream response for one request.
 #[derive(Debug, Clone)]
 pub struct TurnJudge {
+    /// The proxy's state.
     pub state: Arc<State>,
+    /// The request.
     pub turn: Turn,
     /// A lone call warned by the `chance_then_break` ladder's first step: the call and the
     /// guidance. The server withholds it and asks the upstream once more (see
@@ -797,11 +935,12 @@ pub struct TurnJudge {
     pub chance: Option<(CallIn, String)>,
     /// This judge is judging the upstream's second answer: no further chance.
     pub retried: bool,
+    /// The id of the response being judged (Responses: the client continues from it).
+    pub response_id: Option<String>,
+    /// The warn verdict given the second chance, recorded once the second answer says how it
+    /// went.
+    pending_chance: Option<(Verdict, CallIn)>,
 }
-
-/// The tool result the upstream sees for a repeated call it is given a second chance on.
-pub const SECOND_CHANCE: &str = "This exact call was just made and failed the same way: change \
-     the arguments or the approach.";
 
 impl TurnJudge {
     /// A judge for a turn of `turn`.
@@ -811,6 +950,8 @@ impl TurnJudge {
             turn,
             chance: None,
             retried: false,
+            response_id: None,
+            pending_chance: None,
         }
     }
 
@@ -822,149 +963,253 @@ impl TurnJudge {
         }
         self.chance.take()
     }
+
+    /// The second chance was taken: the next answer is judged as the upstream's last.
+    pub fn retrying(&mut self) {
+        self.retried = true;
+    }
+
+    /// How the second chance went (`changed`, `repeated`, `failed`): counted, and the warning
+    /// given for it written to the decision log with the outcome.
+    pub fn chance_outcome(&mut self, outcome: &'static str) {
+        self.state.metrics.second_chance(outcome);
+        if let Some((v, call)) = self.pending_chance.take() {
+            self.state.record_with(
+                &v,
+                &self.turn,
+                self.turn.assistant_turns + 1,
+                "call",
+                Some(&call.name),
+                Some(&call.id),
+                Some(outcome),
+            );
+        }
+    }
+
+    /// Runs `f` with the session's book locked and brought up to date; the book is written to
+    /// the shared store afterwards when it changed.
+    fn with_book<T>(&self, f: impl FnOnce(&mut Book) -> T) -> T {
+        let state = &self.state;
+        let turn = &self.turn;
+        let book = state.book(&turn.session, &turn.engine);
+        let mut book: MutexGuard<'_, Book> = lock(&book);
+        let out = f(&mut book);
+        state.settle(&turn.session, &turn.engine, &mut book);
+        out
+    }
 }
 
 impl Judge for TurnJudge {
     fn judge(&mut self, text: &str, calls: &[CallIn]) -> Judged {
-        let state = &self.state;
-        let turn = &self.turn;
-        let now = now_ms();
-        let book = state.book(&turn.session, now);
-        let mut book = lock(&book);
-        let book = &mut *book;
-        book.last_ms = now;
-        let mut done = Vec::new();
-        let seen = |v: &Verdict, call: Option<&CallIn>| Intervention {
-            action: v.action.as_str(),
-            detector: v.detector.as_deref().unwrap_or("loop").to_owned(),
-            rule: v.rule.clone().unwrap_or_default(),
-            count: v.count,
-            tool_call_id: call.map(|c| c.id.clone()),
-        };
-        if calls.is_empty() || !text.trim().is_empty() {
-            let v = turn.engine.observe(&Event::Text(Text {
-                session: &turn.session,
-                text,
-                chunk: false,
-                end_of_turn: true,
-                reasoning: false,
-                narration: !calls.is_empty(),
-                time_ms: now,
-            }));
-            if !v.is_allow() {
-                state.record(&v, turn, turn.assistant_turns + 1, "text", None, None);
-                if v.action == Action::Terminate {
-                    return Judged {
-                        terminate: Some(stop_error(&v, None, turn)),
-                        ..Judged::default()
-                    };
+        let state = Arc::clone(&self.state);
+        let turn = self.turn.clone();
+        let retried = self.retried;
+        let response_id = self.response_id.clone();
+        let (judged, chance) = self.with_book(|book| {
+            let now = now_ms();
+            book.last_ms = now;
+            book.dirty = true;
+            book.turns = turn.assistant_turns + 1;
+            let judged = judge_turn(&state, &turn, book, text, calls, retried, now);
+            if let Some(id) = &response_id
+                && turn.wire == Wire::Responses
+            {
+                if let Some((caller, within)) = turn.session.split_once('/') {
+                    state.set_alias(&format!("{caller}/{id}"), within);
                 }
-                book.loose.push(note(&v));
-                done.push(seen(&v, None));
-            } else {
-                log_notes(&v, &turn.session);
-            }
-        }
-        let mut released = Vec::new();
-        let mut refused = Vec::new();
-        let mut asked = Vec::new();
-        for (i, c) in calls.iter().enumerate() {
-            state.metrics.tool_call();
-            let v = turn.engine.observe(&Event::Call(Call {
-                session: &turn.session,
-                call_id: &c.id,
-                tool: &c.name,
-                arguments: Arguments::Raw(&c.arguments),
-                time_ms: now,
-            }));
-            if v.is_allow() {
-                log_notes(&v, &turn.session);
-                released.push(i);
-                continue;
-            }
-            state.record(
-                &v,
-                turn,
-                turn.assistant_turns + 1,
-                "call",
-                Some(&c.name),
-                Some(&c.id),
-            );
-            if v.action != Action::Terminate {
-                done.push(seen(&v, Some(c)));
-            }
-            match v.action {
-                Action::Allow => released.push(i),
-                Action::Warn => {
-                    released.push(i);
-                    book.nudge(&c.id, note(&v));
-                    if calls.len() == 1
-                        && !self.retried
-                        && v.rule
-                            .as_deref()
-                            .is_some_and(|r| r.ends_with("ladders.chance_then_break[0]"))
-                    {
-                        self.chance =
-                            Some((c.clone(), format!("{MARK} {SECOND_CHANCE} {}", v.message)));
+                if turn.stored && judged.0.terminate.is_none() {
+                    // Calls the upstream stored and the client never sees are answered with
+                    // the refusal when the client continues from this response.
+                    let note = judged
+                        .0
+                        .note
+                        .clone()
+                        .unwrap_or_else(|| format!("{MARK} This call was not run."));
+                    for (i, c) in calls.iter().enumerate() {
+                        if !judged.0.releases(i) && !c.id.is_empty() {
+                            book.withhold(id, &c.id, note.clone());
+                        }
                     }
                 }
-                Action::Block => refused.push(note(&v)),
-                Action::Ask => asked.push(note(&v)),
-                Action::Terminate => {
-                    return Judged {
+            }
+            judged
+        });
+        if let Some((call, guidance, v)) = chance {
+            self.chance = Some((call.clone(), guidance));
+            self.pending_chance = Some((v, call));
+        }
+        judged
+    }
+}
+
+/// A judged turn, and the second chance to offer when its lone call was warned by the first
+/// step of `chance_then_break`.
+type Decided = (Judged, Option<(CallIn, String, Verdict)>);
+
+fn judge_turn(
+    state: &State,
+    turn: &Turn,
+    book: &mut Book,
+    text: &str,
+    calls: &[CallIn],
+    retried: bool,
+    now: u64,
+) -> Decided {
+    let mut done = Vec::new();
+    let seen = |v: &Verdict, call: Option<&CallIn>| Intervention {
+        action: v.action.as_str(),
+        detector: v.detector.as_deref().unwrap_or("loop").to_owned(),
+        rule: v.rule.clone().unwrap_or_default(),
+        count: v.count,
+        tool_call_id: call.map(|c| c.id.clone()),
+    };
+    let at_turn = turn.assistant_turns + 1;
+    if calls.is_empty() || !text.trim().is_empty() {
+        let v = turn.engine.observe(&Event::Text(Text {
+            session: &turn.session,
+            text,
+            chunk: false,
+            end_of_turn: true,
+            reasoning: false,
+            narration: !calls.is_empty(),
+            time_ms: now,
+        }));
+        if !v.is_allow() {
+            state.record(&v, turn, at_turn, "text", None, None);
+            if v.action == Action::Terminate {
+                return (
+                    Judged {
+                        terminate: Some(stop_error(&v, None, turn)),
+                        ..Judged::default()
+                    },
+                    None,
+                );
+            }
+            book.loose.push(note(&v));
+            done.push(seen(&v, None));
+        } else {
+            log_notes(&v, &turn.session);
+        }
+    }
+    let mut released = Vec::new();
+    let mut refused = Vec::new();
+    let mut asked = Vec::new();
+    let mut chance = None;
+    for (i, c) in calls.iter().enumerate() {
+        state.metrics.tool_call();
+        let v = turn.engine.observe(&Event::Call(Call {
+            session: &turn.session,
+            call_id: &c.id,
+            tool: &c.name,
+            arguments: Arguments::Raw(&c.arguments),
+            time_ms: now,
+        }));
+        if v.is_allow() {
+            log_notes(&v, &turn.session);
+            book.called(&c.id, &c.name);
+            released.push(i);
+            continue;
+        }
+        let offered = v.action == Action::Warn
+            && calls.len() == 1
+            && !retried
+            && v.rule
+                .as_deref()
+                .is_some_and(|r| r.ends_with("ladders.chance_then_break[0]"));
+        if offered {
+            // Written to the decision log once the second answer says how it went.
+            chance = Some((
+                c.clone(),
+                format!("{MARK} {SECOND_CHANCE} {}", v.message),
+                v.clone(),
+            ));
+        } else {
+            state.record(&v, turn, at_turn, "call", Some(&c.name), Some(&c.id));
+        }
+        if v.action != Action::Terminate {
+            done.push(seen(&v, Some(c)));
+        }
+        match v.action {
+            Action::Allow => released.push(i),
+            Action::Warn => {
+                released.push(i);
+                book.called(&c.id, &c.name);
+                book.nudge(&c.id, note(&v));
+            }
+            Action::Block => refused.push(note(&v)),
+            Action::Ask => asked.push(note(&v)),
+            Action::Terminate => {
+                return (
+                    Judged {
                         terminate: Some(stop_error(&v, Some(&c.name), turn)),
                         ..Judged::default()
-                    };
-                }
+                    },
+                    None,
+                );
             }
         }
-        if !asked.is_empty() {
-            // `ask`: the turn goes back to the user with the question; no call runs meanwhile.
-            asked.extend(refused);
-            asked.push(format!(
-                "{MARK} The tool calls of this turn were not run; reply to go on."
-            ));
-            return Judged {
+    }
+    if !asked.is_empty() {
+        // `ask`: the turn goes back to the user with the question; no call runs meanwhile.
+        asked.extend(refused);
+        asked.push(format!(
+            "{MARK} The tool calls of this turn were not run; reply to go on."
+        ));
+        return (
+            Judged {
                 released: Vec::new(),
                 interventions: done,
                 stop: true,
                 note: Some(asked.join("\n")),
                 terminate: None,
-            };
-        }
-        if refused.is_empty() {
-            return Judged {
+            },
+            chance,
+        );
+    }
+    if refused.is_empty() {
+        return (
+            Judged {
                 released,
                 interventions: done,
                 ..Judged::default()
-            };
-        }
-        if released.is_empty() {
-            return Judged {
+            },
+            chance,
+        );
+    }
+    if released.is_empty() {
+        return (
+            Judged {
                 released,
                 interventions: done,
                 stop: true,
                 note: Some(refused.join("\n")),
                 terminate: None,
-            };
-        }
-        // Some calls go through: the refusals reach the model with the first one's result.
-        let anchor = calls[released[0]].id.clone();
+            },
+            chance,
+        );
+    }
+    // Some calls go through: the refusals reach the model with the first one's result.
+    if let Some(anchor) = released.first().and_then(|&i| calls.get(i)) {
         for r in refused {
-            book.nudge(&anchor, r);
+            book.nudge(&anchor.id, r);
         }
+    }
+    (
         Judged {
             released,
             interventions: done,
             ..Judged::default()
-        }
-    }
+        },
+        chance,
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
     use super::*;
-    use crate::request::NudgePlacement;
+    use crate::wire::NudgePlacement;
     use std::time::Duration;
 
     fn policy(text: &str) -> Policy {
@@ -1017,8 +1262,8 @@ mod tests {
     }
 
     fn judge(s: &Arc<State>, body: &mut Value) -> TurnJudge {
-        match s.prepare(&HeaderMap::new(), body) {
-            Prepared::Forward(turn) => TurnJudge::new(Arc::clone(s), turn),
+        match s.prepare(Wire::Chat, &HeaderMap::new(), body) {
+            Prepared::Forward(turn) => TurnJudge::new(Arc::clone(s), *turn),
             other => panic!("{other:?}"),
         }
     }
@@ -1056,7 +1301,7 @@ mod tests {
         );
         // The warned call's result carries the nudge in the request after it.
         let mut body = request(history);
-        let _ = s.prepare(&HeaderMap::new(), &mut body);
+        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
         let c3 = body["messages"]
             .as_array()
             .unwrap()
@@ -1084,7 +1329,7 @@ mod tests {
         let mut body = request(history);
         body["model"] = json!(model);
         body["user"] = json!(model);
-        let _ = s.prepare(&HeaderMap::new(), &mut body);
+        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
         body["messages"].as_array().unwrap().clone()
     }
 
@@ -1107,7 +1352,8 @@ mod tests {
                 .unwrap()
                 .contains("warned bash")
         );
-        // Its override for `ctx-*` models says `context`.
+        // Its override for `ctx-*` models says `context`: the one engine resolves it for the
+        // session's model.
         let m = nudged_request(&s, "ctx-1");
         let c3 = m.iter().find(|m| m["tool_call_id"] == "c3").unwrap();
         assert_eq!(c3["content"], "failed\n\n[loopguard] warned bash");
@@ -1128,7 +1374,7 @@ mod tests {
         ];
         for _ in 0..3 {
             let mut body = request(history.clone());
-            let _ = s.prepare(&HeaderMap::new(), &mut body);
+            let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
         }
         assert_eq!(
             s.metrics
@@ -1145,7 +1391,8 @@ mod tests {
         let s = state(NudgePlacement::System);
         let mut body =
             json!({"messages": [{"role": "user", "content": "!/set(tool-loop-max-repeats=5)"}]});
-        let Prepared::Reply(turn, text) = s.prepare(&HeaderMap::new(), &mut body) else {
+        let Prepared::Reply(turn, text) = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body)
+        else {
             panic!("a pure command is answered by the proxy")
         };
         assert!(text.contains("tool-loop-max-repeats=5"), "{text}");
@@ -1155,7 +1402,7 @@ mod tests {
         );
         let mut body =
             json!({"messages": [{"role": "user", "content": "!/set(tool-loop-mode=nope)"}]});
-        let Prepared::Reply(_, text) = s.prepare(&HeaderMap::new(), &mut body) else {
+        let Prepared::Reply(_, text) = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body) else {
             panic!("an invalid command is answered by the proxy")
         };
         assert!(text.contains("expected one of"), "{text}");
@@ -1182,7 +1429,7 @@ mod tests {
             json!({"role": "assistant", "tool_calls": [{"id": "r1", "function": {"name": "read"}}]}),
             json!({"role": "tool", "tool_call_id": "r1", "content": "data"}),
         ]);
-        let _ = s.prepare(&HeaderMap::new(), &mut body);
+        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
         assert_eq!(
             body["messages"][2]["content"],
             "data\n\n[loopguard] refused bash"
@@ -1202,20 +1449,38 @@ mod tests {
         }
         // A retry of the first request changes nothing: the 3rd call would be warned.
         let mut body = json!({"messages": [go]});
-        let _ = s.prepare(&HeaderMap::new(), &mut body);
+        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
         let history = json!([go, {"role": "assistant", "content": "Shall I go on?"}, go]);
         let mut body = json!({"messages": history});
-        let _ = s.prepare(&HeaderMap::new(), &mut body);
+        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
         let _ = j.judge("", &[call("c3")]);
         let warned = s.metrics.render(0).contains("action=\"warn\"");
         assert!(!warned, "the 2nd `go` restarted the counts");
+    }
+
+    // What broke: the engine's own idle eviction took a session whose settings an in-chat
+    // command had just set (no event yet, so idle since the epoch) when it ran between the
+    // command and the next request.
+    #[test]
+    fn a_session_with_settings_and_no_event_yet_is_not_idle() {
+        let s = state(NudgePlacement::Context);
+        let mut body =
+            json!({"messages": [{"role": "user", "content": "!/set(tool-loop-mode=break)"}]});
+        let Prepared::Reply(turn, _) = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body) else {
+            panic!("a command is answered by the proxy")
+        };
+        assert_eq!(s.evict_idle(now_ms()), 0);
+        assert_eq!(
+            turn.engine.session_settings(&turn.session).mode.as_deref(),
+            Some("break")
+        );
     }
 
     #[test]
     fn idle_sessions_are_evicted() {
         let s = state(NudgePlacement::Context);
         let mut body = request(vec![]);
-        let _ = s.prepare(&HeaderMap::new(), &mut body);
+        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
         assert_eq!(s.session_count(), 1);
         assert_eq!(s.evict_idle(now_ms()), 0);
         let later = now_ms() + Duration::from_secs(7200).as_millis() as u64;
@@ -1228,5 +1493,61 @@ mod tests {
         let s = state(NudgePlacement::Context);
         assert!(s.reload().is_err());
         assert_eq!(s.guard().policy.name, "t");
+    }
+
+    #[test]
+    fn a_stored_response_s_withheld_call_is_answered_in_the_request_continuing_it() {
+        let s = state(NudgePlacement::Context);
+        let headers = HeaderMap::new();
+        let mut prev: Option<String> = None;
+        let mut refused_at = None;
+        for n in 1..=6 {
+            let mut body = json!({"model": "m", "input": []});
+            match &prev {
+                None => body["input"] = json!("build"),
+                Some(p) => {
+                    body["previous_response_id"] = json!(p);
+                    body["input"] = json!([{"type": "function_call_output",
+                        "call_id": format!("c{}", n - 1), "output": "failed"}]);
+                }
+            }
+            if refused_at.is_some() {
+                // The request after the refusal continues a response whose call the client
+                // never saw: the proxy answers it.
+                body["input"] = json!([{"role": "user", "content": "go on"}]);
+            }
+            let Prepared::Forward(turn) = s.prepare(Wire::Responses, &headers, &mut body) else {
+                panic!()
+            };
+            if refused_at.is_some() {
+                let input = body["input"].as_array().unwrap();
+                assert_eq!(input[0]["type"], "function_call_output");
+                assert_eq!(input[0]["call_id"], "c4");
+                assert!(
+                    input[0]["output"]
+                        .as_str()
+                        .unwrap()
+                        .contains("refused bash")
+                );
+                assert_eq!(
+                    turn.session,
+                    s.identify(
+                        Wire::Responses,
+                        &headers,
+                        &json!({"previous_response_id": "resp_1"})
+                    )
+                );
+                break;
+            }
+            let mut j = TurnJudge::new(Arc::clone(&s), *turn);
+            let id = format!("resp_{n}");
+            j.response_id = Some(id.clone());
+            let out = j.judge("", &[call(&format!("c{n}"))]);
+            if out.stop {
+                refused_at = Some(n);
+            }
+            prev = Some(id);
+        }
+        assert_eq!(refused_at, Some(4));
     }
 }

@@ -122,11 +122,9 @@ const OUTPUT_ITEMS: &[&str] = &[
     "local_shell_call_output",
 ];
 
-/// Reads Responses items, each with its line.
-pub(crate) fn read_responses_items(
-    items: &[(Line, &Value)],
-    mode: Mode,
-) -> Result<Vec<Item>, BadInput> {
+/// Reads Responses items, each with its line (a run of output items read as one assistant
+/// message takes the line of its first item).
+pub fn read_responses_items(items: &[(Line, &Value)], mode: Mode) -> Result<Vec<Item>, BadInput> {
     let mut reader = Reader::new(mode);
     for (line, message) in responses_messages(items, mode)? {
         reader.message(line, &message)?;

@@ -1,37 +1,220 @@
-//! Enforcement on a streamed (SSE) chat completion.
+//! OpenAI chat completions (`POST /v1/chat/completions`).
 //!
-//! The algorithm, per choice of the stream:
+//! A whole response: every choice's message is judged (its text, then its `tool_calls` and a
+//! legacy `function_call`); withheld calls leave `tool_calls`, and a message left with none
+//! gets the note in its content and `finish_reason: "stop"`.
 //!
-//! 1. Events are split at blank lines; events with no `data:` (comments, keep-alives) pass
-//!    through untouched.
-//! 2. A chunk's text (`delta.content`, reasoning, role) passes through at once. Its
+//! A stream, per choice:
+//!
+//! 1. A chunk's text (`delta.content`, reasoning, role) passes through at once. Its
 //!    `delta.tool_calls` fragments are taken out and assembled per call `index` (id, name,
 //!    arguments concatenated); a chunk left with nothing else is dropped.
-//! 3. When the choice's `finish_reason` arrives (or `[DONE]`, or the end of the stream), the turn
+//! 2. When the choice's `finish_reason` arrives (or `[DONE]`, or the end of the stream), the turn
 //!    is judged: text first, then each call in order. Released calls are sent as one chunk each,
 //!    whole, renumbered `0, 1, …` so the client's indices stay dense; then the finishing chunk.
 //!    A turn whose calls were all withheld gets the refusal as a content delta and
-//!    `finish_reason: "stop"`.
-//! 4. A terminate verdict ends the stream with a final `data: {"error": …}` event (no `[DONE]`).
+//!    `finish_reason: "stop"`. What the proxy did comes first, as a chunk with no choices and a
+//!    `loopguard` field.
+//! 3. A terminate verdict ends the stream with a final `data: {"error": …}` event (no `[DONE]`).
 //!
 //! A call is therefore never released before it was judged, and unreleased calls leave no
 //! trace in the client's stream.
 
 use std::collections::BTreeMap;
 
-use axum::http::StatusCode;
 use serde_json::{Map, Value, json};
 
-use crate::error::ApiError;
-use crate::judge::{CallIn, Judge, Judged};
+use super::{Rewriter, Rewritten, StreamState, Wire, append_text, text_of};
+use crate::judge::{CallIn, Judge, Judged, body_field};
+use crate::sse;
 
-/// Largest single SSE event, and largest total of buffered tool-call text, accepted.
+/// Largest total of buffered tool-call text accepted.
 pub const MAX_BUFFERED: usize = 16 << 20;
 
 /// Most of a turn's plain text kept for judging (every choice together). Text passes to the
 /// client at once whatever its length; beyond this much, the rest of the turn is not judged
 /// (the engine scans at most `chanting.max_message_chars` characters of a message anyway).
 pub const MAX_TEXT: usize = 16 << 20;
+
+/// Reads a tool call object (`{"id", "type", "function": {"name", "arguments"}}`).
+pub fn call_of(v: &Value) -> CallIn {
+    let f = v.get("function");
+    CallIn {
+        id: v
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        name: f
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        arguments: arguments_text(f.and_then(|f| f.get("arguments"))),
+    }
+}
+
+/// Arguments as text: a string as it is, anything else as its JSON.
+pub(crate) fn arguments_text(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Judges every choice of a chat completion and rewrites it.
+pub fn rewrite(body: &mut Value, judge: &mut dyn Judge) -> Rewritten {
+    let mut done = Vec::new();
+    let Some(obj) = body.as_object_mut() else {
+        return Rewritten::Malformed("the body is not a JSON object".into());
+    };
+    let choices = match obj.get_mut("choices") {
+        Some(Value::Array(c)) => c,
+        None | Some(Value::Null) => return Rewritten::Judged(done),
+        Some(_) => return Rewritten::Malformed("`choices` is not an array".into()),
+    };
+    for choice in choices.iter_mut() {
+        let Some(Value::Object(msg)) = choice.get_mut("message") else {
+            continue;
+        };
+        let text = text_of(msg.get("content"));
+        let mut calls: Vec<CallIn> = match msg.get("tool_calls") {
+            Some(Value::Array(tc)) => tc.iter().map(call_of).collect(),
+            None | Some(Value::Null) => Vec::new(),
+            Some(_) => return Rewritten::Malformed("`tool_calls` is not an array".into()),
+        };
+        let n_tools = calls.len();
+        let legacy = msg
+            .get("function_call")
+            .filter(|v| v.is_object())
+            .map(|fc| CallIn {
+                id: String::new(),
+                name: fc
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                arguments: arguments_text(fc.get("arguments")),
+            });
+        calls.extend(legacy);
+        let j = judge.judge(&text, &calls);
+        if let Some(e) = j.terminate {
+            return Rewritten::Stop(e);
+        }
+        done.extend(j.interventions.iter().cloned());
+        apply_to_message(msg, &j, n_tools, calls.len());
+        if j.stop
+            && let Some(c) = choice.as_object_mut()
+        {
+            c.insert("finish_reason".into(), Value::String("stop".into()));
+        }
+    }
+    if !done.is_empty() {
+        obj.insert("loopguard".into(), body_field(&done));
+    }
+    Rewritten::Judged(done)
+}
+
+fn apply_to_message(msg: &mut Map<String, Value>, j: &Judged, n_tools: usize, n_calls: usize) {
+    if n_tools > 0 {
+        let kept: Vec<Value> = match msg.get("tool_calls") {
+            Some(Value::Array(tc)) => j
+                .released
+                .iter()
+                .filter(|&&i| i < n_tools)
+                .filter_map(|&i| tc.get(i).cloned())
+                .collect(),
+            _ => Vec::new(),
+        };
+        if kept.is_empty() {
+            msg.remove("tool_calls");
+        } else if kept.len() < n_tools {
+            msg.insert("tool_calls".into(), Value::Array(kept));
+        }
+    }
+    if n_calls > n_tools && !j.releases(n_tools) {
+        msg.remove("function_call");
+    }
+    if j.stop
+        && let Some(note) = &j.note
+    {
+        let content = msg.entry("content").or_insert(Value::Null);
+        append_text(content, note, "text");
+    }
+}
+
+/// The proxy's own answer, as a completion or a stream of chunks.
+pub fn reply(text: &str, model: &str, id: u64, stream: bool) -> String {
+    let id = format!("chatcmpl-loopguard-{id}");
+    let created = crate::state::now_ms() / 1000;
+    if !stream {
+        return json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": "stop",
+            }],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        })
+        .to_string();
+    }
+    let chunk = |delta: Value, finish: Value| {
+        sse::data(&json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        }))
+    };
+    [
+        chunk(json!({"role": "assistant", "content": text}), Value::Null),
+        chunk(json!({}), json!("stop")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat()
+}
+
+/// The request again with the first answer's message and a failed tool result for `call`.
+pub fn retry(request: &Value, answer: &Value, call: &CallIn, guidance: &str) -> Option<Value> {
+    let message = answer.get("choices")?.get(0)?.get("message")?.clone();
+    let mut body = request.clone();
+    let messages = body.get_mut("messages")?.as_array_mut()?;
+    messages.push(message);
+    messages.push(json!({
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": guidance,
+    }));
+    Some(body)
+}
+
+/// The whole answer a stream assembles to (the first choice's message), for a retry.
+fn assembled(envelope: &Map<String, Value>, text: &str, calls: &[&CallBuf]) -> Value {
+    let tool_calls: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect();
+    let mut message = json!({"role": "assistant", "content": text});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    let mut out = envelope.clone();
+    out.insert(
+        "choices".into(),
+        json!([{"index": 0, "message": message, "finish_reason": "tool_calls"}]),
+    );
+    Value::Object(out)
+}
 
 #[derive(Debug, Default)]
 struct CallBuf {
@@ -54,168 +237,73 @@ impl ChoiceBuf {
     }
 }
 
-/// The stream rewriter: bytes in, SSE events out.
+/// The stream rewriter of chat completions.
 #[derive(Debug)]
-pub struct StreamJudge<J> {
+pub struct Stream<J> {
     judge: J,
-    line: Vec<u8>,
-    event: Vec<String>,
-    event_bytes: usize,
+    splitter: sse::Splitter,
     choices: BTreeMap<u64, ChoiceBuf>,
     buffered: usize,
     /// Plain text kept for judging, every choice together (at most [`MAX_TEXT`]).
     text_bytes: usize,
-    /// The error a terminate verdict ended the stream with (also sent as its last event).
-    pub terminated: Option<ApiError>,
-    /// Something the client must see has been emitted: text, a released call, a finish.
-    pub committed: bool,
     envelope: Map<String, Value>,
-    closed: bool,
-    /// The upstream sent an error event of its own.
-    pub upstream_error: bool,
-    /// The upstream sent something that is not a chat-completion stream.
-    pub malformed: bool,
+    state: StreamState,
 }
 
-impl<J: Judge> StreamJudge<J> {
-    pub fn new(judge: J) -> StreamJudge<J> {
-        StreamJudge {
+impl<J: Judge> Stream<J> {
+    /// A rewriter judging with `judge`.
+    pub fn new(judge: J) -> Stream<J> {
+        Stream {
             judge,
-            line: Vec::new(),
-            event: Vec::new(),
-            event_bytes: 0,
+            splitter: sse::Splitter::default(),
             choices: BTreeMap::new(),
             buffered: 0,
             text_bytes: 0,
-            terminated: None,
-            committed: false,
             envelope: Map::new(),
-            closed: false,
-            upstream_error: false,
-            malformed: false,
+            state: StreamState::default(),
         }
     }
 
-    /// The stream ended (terminated, or failed): send nothing more.
-    pub fn is_closed(&self) -> bool {
-        self.closed
+    /// The whole answer the stream assembled (its first choice), for a retry.
+    pub fn answer(&self) -> Option<Value> {
+        let buf = self.choices.get(&0)?;
+        let calls: Vec<&CallBuf> = buf.calls.values().collect();
+        Some(assembled(&self.envelope, &buf.text, &calls))
     }
 
-    /// Feeds bytes from the upstream; returns the events to send to the client.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        let mut out = Vec::new();
-        for &b in bytes {
-            if self.closed {
-                break;
-            }
-            if b != b'\n' {
-                self.line.push(b);
-                if self.line.len() + self.event_bytes > MAX_BUFFERED {
-                    self.fail(&mut out, "an SSE event larger than 16 MiB");
-                }
-                continue;
-            }
-            if self.line.last() == Some(&b'\r') {
-                self.line.pop();
-            }
-            let line = String::from_utf8_lossy(&self.line).into_owned();
-            self.line.clear();
-            if line.is_empty() {
-                let lines = std::mem::take(&mut self.event);
-                self.event_bytes = 0;
-                if !lines.is_empty() {
-                    self.on_event(&lines, &mut out);
-                }
-            } else {
-                self.event_bytes += line.len();
-                self.event.push(line);
-            }
-        }
-        out
-    }
-
-    /// The upstream stream ended: any unfinished event is processed and every turn not yet
-    /// judged is judged (its released calls sent, with no finishing chunk the upstream did not
-    /// send either).
-    pub fn finish(&mut self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.closed {
-            return out;
-        }
-        if !self.line.is_empty() {
-            let line = String::from_utf8_lossy(&self.line).into_owned();
-            self.line.clear();
-            self.event.push(line);
-        }
-        let lines = std::mem::take(&mut self.event);
-        if !lines.is_empty() {
-            self.on_event(&lines, &mut out);
-        }
-        self.flush_pending(&mut out);
-        out
-    }
-
-    /// How many calls were assembled but never judged nor released (for logging a stream that
-    /// was cut short).
-    pub fn abandon(&mut self) -> usize {
-        self.choices
-            .values()
-            .filter(|c| !c.judged)
-            .map(|c| c.calls.len() + usize::from(c.legacy.is_some()))
-            .sum()
-    }
-
-    fn fail(&mut self, out: &mut Vec<String>, what: &str) {
-        self.malformed = true;
-        self.closed = true;
-        out.push(
-            ApiError::upstream(
-                StatusCode::BAD_GATEWAY,
-                "upstream_malformed",
-                format!("the upstream stream is malformed: {what}"),
-            )
-            .sse_event(),
-        );
-    }
-
-    fn on_event(&mut self, lines: &[String], out: &mut Vec<String>) {
-        let raw = format!("{}\n\n", lines.join("\n"));
-        let data: Vec<&str> = lines
-            .iter()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| d.strip_prefix(' ').unwrap_or(d))
-            .collect();
-        if data.is_empty() {
-            out.push(raw);
+    fn on_event(&mut self, ev: sse::Event, out: &mut Vec<String>) {
+        let Some(data) = ev.data else {
+            out.push(ev.raw);
             return;
-        }
-        let data = data.join("\n");
+        };
         if data.trim() == "[DONE]" {
             self.flush_pending(out);
-            if !self.closed {
-                out.push(raw);
+            if !self.state.closed {
+                out.push(ev.raw);
             }
             return;
         }
         let chunk: Value = match serde_json::from_str(&data) {
             Ok(v) => v,
             Err(e) => {
-                self.fail(out, &format!("an event is not JSON ({e})"));
+                self.state
+                    .fail(Wire::Chat, out, &format!("an event is not JSON ({e})"));
                 return;
             }
         };
         let Value::Object(mut chunk) = chunk else {
-            self.fail(out, "an event is not a JSON object");
+            self.state
+                .fail(Wire::Chat, out, "an event is not a JSON object");
             return;
         };
         if chunk.contains_key("error") {
-            self.upstream_error = true;
-            out.push(raw);
+            self.state.upstream_error = true;
+            out.push(ev.raw);
             return;
         }
         let Some(Value::Array(choices)) = chunk.remove("choices") else {
             // No choices (a usage-only chunk has an empty array; this has none at all).
-            out.push(raw);
+            out.push(ev.raw);
             return;
         };
         self.envelope = chunk.clone();
@@ -228,7 +316,8 @@ impl<J: Judge> StreamJudge<J> {
             let idx = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
             let stripped = self.take_calls(idx, &mut choice);
             if stripped && self.buffered > MAX_BUFFERED {
-                self.fail(out, "tool-call arguments larger than 16 MiB");
+                self.state
+                    .fail(Wire::Chat, out, "tool-call arguments larger than 16 MiB");
                 return;
             }
             modified |= stripped;
@@ -236,16 +325,13 @@ impl<J: Judge> StreamJudge<J> {
             if finishing {
                 let judged = self.judge_choice(idx);
                 if let Some(e) = judged.terminate {
-                    self.closed = true;
                     out.extend(pre);
-                    out.push(e.sse_event());
-                    self.terminated = Some(e);
+                    self.state.stop(Wire::Chat, out, e);
                     return;
                 }
                 let (events, stop) = self.release(idx, &judged);
-                self.committed |= !events.is_empty();
+                self.state.committed |= !events.is_empty();
                 modified |= !events.is_empty();
-                // What the proxy did comes first, then what it let through.
                 if !judged.interventions.is_empty() {
                     pre.push(self.interventions_event(&judged));
                     modified = true;
@@ -268,9 +354,9 @@ impl<J: Judge> StreamJudge<J> {
                 kept.push(choice);
             }
         }
-        self.committed |= kept.iter().any(substantive);
+        self.state.committed |= kept.iter().any(substantive);
         if !modified {
-            out.push(raw);
+            out.push(ev.raw);
             return;
         }
         out.extend(pre);
@@ -278,7 +364,7 @@ impl<J: Judge> StreamJudge<J> {
             return;
         }
         chunk.insert("choices".into(), Value::Array(kept));
-        out.push(format!("data: {}\n\n", Value::Object(chunk)));
+        out.push(sse::data(&Value::Object(chunk)));
     }
 
     /// Moves a choice's tool-call fragments into its buffer; true when there were any.
@@ -335,7 +421,11 @@ impl<J: Judge> StreamJudge<J> {
             })
             .collect();
         let text = buf.text.clone();
-        self.judge.judge(&text, &calls)
+        let judged = self.judge.judge(&text, &calls);
+        self.state
+            .interventions
+            .extend(judged.interventions.iter().cloned());
+        judged
     }
 
     /// The events releasing a judged choice's calls, and whether the turn must stop.
@@ -348,8 +438,7 @@ impl<J: Judge> StreamJudge<J> {
         let tools: Vec<&CallBuf> = buf.calls.values().collect();
         let mut k = 0;
         for &i in &judged.released {
-            let delta = if i < n_tools {
-                let c = tools[i];
+            let delta = if let Some(c) = tools.get(i) {
                 let d = json!({"tool_calls": [{
                     "index": k,
                     "id": c.id,
@@ -358,7 +447,7 @@ impl<J: Judge> StreamJudge<J> {
                 }]});
                 k += 1;
                 d
-            } else if let Some(c) = &buf.legacy {
+            } else if let (true, Some(c)) = (i >= n_tools, &buf.legacy) {
                 json!({"function_call": {"name": c.name, "arguments": c.arguments}})
             } else {
                 continue;
@@ -376,15 +465,12 @@ impl<J: Judge> StreamJudge<J> {
     }
 
     /// A chunk with no choices that carries what the proxy did in a turn (the `loopguard`
-    /// field, as in a plain response).
+    /// field, as in a whole response).
     fn interventions_event(&self, judged: &Judged) -> String {
         let mut chunk = self.envelope.clone();
         chunk.insert("choices".into(), json!([]));
-        chunk.insert(
-            "loopguard".into(),
-            crate::judge::body_field(&judged.interventions),
-        );
-        format!("data: {}\n\n", Value::Object(chunk))
+        chunk.insert("loopguard".into(), body_field(&judged.interventions));
+        sse::data(&Value::Object(chunk))
     }
 
     fn synth(&self, idx: u64, delta: Value) -> String {
@@ -393,7 +479,7 @@ impl<J: Judge> StreamJudge<J> {
             "choices".into(),
             json!([{"index": idx, "delta": delta, "finish_reason": null}]),
         );
-        format!("data: {}\n\n", Value::Object(chunk))
+        sse::data(&Value::Object(chunk))
     }
 
     fn flush_pending(&mut self, out: &mut Vec<String>) {
@@ -406,18 +492,81 @@ impl<J: Judge> StreamJudge<J> {
         for idx in open {
             let judged = self.judge_choice(idx);
             if let Some(e) = judged.terminate {
-                self.closed = true;
-                out.push(e.sse_event());
-                self.terminated = Some(e);
+                self.state.stop(Wire::Chat, out, e);
                 return;
             }
             let (events, _) = self.release(idx, &judged);
-            self.committed |= !events.is_empty();
+            self.state.committed |= !events.is_empty();
             if !judged.interventions.is_empty() {
                 out.push(self.interventions_event(&judged));
             }
             out.extend(events);
         }
+    }
+}
+
+impl<J: Judge> Rewriter<J> for Stream<J> {
+    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.state.closed {
+            return out;
+        }
+        let mut events = Vec::new();
+        let too_large = self.splitter.push(bytes, &mut events).is_err();
+        for ev in events {
+            if self.state.closed {
+                break;
+            }
+            self.on_event(ev, &mut out);
+        }
+        if too_large && !self.state.closed {
+            self.state
+                .fail(Wire::Chat, &mut out, "an SSE event larger than 16 MiB");
+        }
+        out
+    }
+
+    fn finish(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.state.closed {
+            return out;
+        }
+        let mut events = Vec::new();
+        self.splitter.finish(&mut events);
+        for ev in events {
+            if self.state.closed {
+                break;
+            }
+            self.on_event(ev, &mut out);
+        }
+        if !self.state.closed {
+            self.flush_pending(&mut out);
+        }
+        out
+    }
+
+    fn state(&self) -> &StreamState {
+        &self.state
+    }
+
+    fn judge(&mut self) -> &mut J {
+        &mut self.judge
+    }
+
+    fn into_judge(self: Box<Self>) -> J {
+        self.judge
+    }
+
+    fn abandon(&mut self) -> usize {
+        self.choices
+            .values()
+            .filter(|c| !c.judged)
+            .map(|c| c.calls.len() + usize::from(c.legacy.is_some()))
+            .sum()
+    }
+
+    fn answer(&self) -> Option<Value> {
+        Stream::answer(self)
     }
 }
 
@@ -464,8 +613,137 @@ fn merge(call: &mut CallBuf, id: Option<&Value>, function: Option<&Value>) -> us
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
     use super::*;
     use crate::judge::tests::Scripted;
+    use axum::http::StatusCode;
+
+    // --- whole responses
+
+    fn completion(calls: Value) -> Value {
+        json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null, "tool_calls": calls}}]
+        })
+    }
+
+    fn tc(id: &str, name: &str) -> Value {
+        json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{\"a\":1}"}})
+    }
+
+    fn judged(body: &mut Value, j: &mut Scripted) -> Vec<crate::judge::Intervention> {
+        match rewrite(body, j) {
+            Rewritten::Judged(done) => done,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn partial_block_keeps_the_released_calls_paired() {
+        let mut body = completion(json!([tc("c1", "read"), tc("c2", "bash")]));
+        let mut j = Scripted {
+            block: vec!["bash"],
+            ..Scripted::default()
+        };
+        judged(&mut body, &mut j);
+        let msg = &body["choices"][0]["message"];
+        assert_eq!(msg["tool_calls"].as_array().unwrap().len(), 1);
+        assert_eq!(msg["tool_calls"][0]["id"], "c1");
+        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+        assert!(msg["content"].is_null());
+        assert_eq!(j.seen[0].1[1].arguments, "{\"a\":1}");
+        assert_eq!(body["loopguard"]["interventions"][0]["action"], "block");
+    }
+
+    #[test]
+    fn a_fully_blocked_turn_stops_with_the_note() {
+        let mut body = completion(json!([tc("c1", "bash")]));
+        let mut j = Scripted {
+            block: vec!["bash"],
+            ..Scripted::default()
+        };
+        judged(&mut body, &mut j);
+        let msg = &body["choices"][0]["message"];
+        assert!(msg.get("tool_calls").is_none());
+        assert_eq!(msg["content"], "[loopguard] Refused");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn terminate_becomes_the_error() {
+        let mut body = completion(json!([tc("c1", "bash")]));
+        let mut j = Scripted {
+            stop: vec!["bash"],
+            ..Scripted::default()
+        };
+        let Rewritten::Stop(e) = rewrite(&mut body, &mut j) else {
+            panic!("a stop")
+        };
+        assert_eq!(e.code, "tool_loop_terminated");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn allowed_responses_are_unchanged() {
+        let body = completion(json!([tc("c1", "read")]));
+        let mut out = body.clone();
+        judged(&mut out, &mut Scripted::default());
+        assert_eq!(out, body);
+        let text = json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "hello"}}]});
+        let mut out = text.clone();
+        let mut j = Scripted::default();
+        judged(&mut out, &mut j);
+        assert_eq!(out, text);
+        assert_eq!(j.seen[0].0, "hello");
+    }
+
+    #[test]
+    fn legacy_function_calls_are_judged_too() {
+        let mut body = json!({"choices": [{"index": 0, "finish_reason": "function_call",
+            "message": {"role": "assistant", "content": null,
+                "function_call": {"name": "bash", "arguments": "{}"}}}]});
+        let mut j = Scripted {
+            block: vec!["bash"],
+            ..Scripted::default()
+        };
+        judged(&mut body, &mut j);
+        assert!(body["choices"][0]["message"].get("function_call").is_none());
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn malformed_shapes_are_upstream_errors() {
+        for mut bad in [
+            json!([1]),
+            json!({"choices": 3}),
+            json!({"choices": [{"message": {"tool_calls": "x"}}]}),
+        ] {
+            assert!(matches!(
+                rewrite(&mut bad, &mut Scripted::default()),
+                Rewritten::Malformed(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_retry_appends_the_answer_and_a_failed_result() {
+        let request = json!({"model": "m", "messages": [{"role": "user", "content": "go"}]});
+        let answer = completion(json!([tc("c1", "bash")]));
+        let call = call_of(&tc("c1", "bash"));
+        let again = retry(&request, &answer, &call, "failed").unwrap();
+        let m = again["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[1]["tool_calls"][0]["id"], "c1");
+        assert_eq!(
+            m[2],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "failed"})
+        );
+    }
+
+    // --- streams
 
     fn chunk(delta: Value, finish: Option<&str>) -> String {
         format!(
@@ -515,14 +793,14 @@ mod tests {
     }
 
     /// Feeds the stream in pieces of `step` bytes.
-    fn run(j: Scripted, input: &str, step: usize) -> (Vec<String>, Scripted) {
-        let mut s = StreamJudge::new(j);
+    fn run(j: Scripted, input: &str, step: usize) -> (Vec<String>, Stream<Scripted>) {
+        let mut s = Stream::new(j);
         let mut out = Vec::new();
         for piece in input.as_bytes().chunks(step) {
             out.extend(s.push(piece));
         }
         out.extend(s.finish());
-        (out, s.judge)
+        (out, s)
     }
 
     #[test]
@@ -530,7 +808,7 @@ mod tests {
         // 20 MiB of text in 64 KiB deltas (multi-byte characters at the cut): the client gets
         // every byte, the judge at most MAX_TEXT of it, cut on a character boundary.
         let piece = "é".repeat(32 * 1024);
-        let mut s = StreamJudge::new(Scripted::default());
+        let mut s = Stream::new(Scripted::default());
         let mut sent = 0usize;
         let mut passed = 0usize;
         let mut count = |events: Vec<String>| {
@@ -560,7 +838,8 @@ mod tests {
     #[test]
     fn fragments_are_assembled_and_judged_once_whole() {
         for step in [1, 7, 64, 4096] {
-            let (out, j) = run(Scripted::default(), &upstream(), step);
+            let (out, s) = run(Scripted::default(), &upstream(), step);
+            let j = &s.judge;
             assert_eq!(j.seen.len(), 1, "one turn judged");
             let (text, calls) = &j.seen[0];
             assert_eq!(text, "Let me look.");
@@ -580,12 +859,18 @@ mod tests {
             assert_eq!(c1["function"]["arguments"], "{\"command\":\"ls\"}");
             assert_eq!(chunks[5]["choices"][0]["finish_reason"], "tool_calls");
             assert_eq!(out.last().unwrap(), "data: [DONE]\n\n");
+            // The assembled answer, for a retry.
+            let answer = s.answer().unwrap();
+            assert_eq!(
+                answer["choices"][0]["message"]["tool_calls"][1]["id"],
+                "call_b"
+            );
         }
     }
 
     #[test]
     fn text_passes_before_the_turn_ends() {
-        let mut s = StreamJudge::new(Scripted::default());
+        let mut s = Stream::new(Scripted::default());
         let first = s.push(chunk(json!({"content": "hi"}), None).as_bytes());
         assert_eq!(first.len(), 1, "text is not held back");
         let held = s.push(chunk(frag(0, Some("c"), Some("read"), "{}"), None).as_bytes());
@@ -649,11 +934,12 @@ mod tests {
             stop: vec!["bash"],
             ..Scripted::default()
         };
-        let (out, _) = run(j, &upstream(), 3);
+        let (out, s) = run(j, &upstream(), 3);
         let last = out.last().unwrap();
         assert!(last.starts_with("data: {\"error\":"), "{last}");
         assert!(!out.iter().any(|e| e.contains("[DONE]")));
         assert!(!out.iter().any(|e| e.contains("call_a")));
+        assert!(s.state().terminated.is_some());
     }
 
     #[test]
@@ -663,8 +949,8 @@ mod tests {
             chunk(frag(0, None, None, "1}"), None),
         ]
         .concat();
-        let (out, j) = run(Scripted::default(), &input, 9);
-        assert_eq!(j.seen[0].1[0].arguments, "{\"p\":1}");
+        let (out, s) = run(Scripted::default(), &input, 9);
+        assert_eq!(s.judge.seen[0].1[0].arguments, "{\"p\":1}");
         assert_eq!(
             data(&out)[0]["choices"][0]["delta"]["tool_calls"][0]["id"],
             "c9"
@@ -681,18 +967,18 @@ mod tests {
 
     #[test]
     fn garbage_is_a_malformed_error() {
-        let mut s = StreamJudge::new(Scripted::default());
+        let mut s = Stream::new(Scripted::default());
         let out = s.push(b"data: {not json\n\n");
-        assert!(s.malformed && s.is_closed());
+        assert!(s.state().malformed && s.state().closed);
         assert!(out[0].contains("upstream_malformed"));
         assert!(s.push(b"data: {}\n\n").is_empty());
     }
 
     #[test]
     fn upstream_error_events_pass_and_are_noted() {
-        let mut s = StreamJudge::new(Scripted::default());
+        let mut s = Stream::new(Scripted::default());
         let out = s.push(b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n");
-        assert!(s.upstream_error);
+        assert!(s.state().upstream_error);
         assert!(out[0].contains("overloaded"));
     }
 
@@ -704,13 +990,10 @@ mod tests {
             "data: [DONE]\n\n".to_owned(),
         ]
         .concat();
-        let (out, j) = run(Scripted::default(), &input, 4);
-        assert_eq!(j.seen, vec![("Hello".to_owned(), Vec::new())]);
-        assert_eq!(out, split_events(&input));
-    }
-
-    fn split_events(s: &str) -> Vec<String> {
-        s.split_inclusive("\n\n").map(str::to_owned).collect()
+        let (out, s) = run(Scripted::default(), &input, 4);
+        assert_eq!(s.judge.seen, vec![("Hello".to_owned(), Vec::new())]);
+        let events: Vec<String> = input.split_inclusive("\n\n").map(str::to_owned).collect();
+        assert_eq!(out, events);
     }
 
     #[test]
@@ -724,7 +1007,7 @@ mod tests {
             "\n\n\n\ndata:\n\n",
             "data: {\"choices\": [{\"delta\": {\"function_call\": {\"name\": \"f\"}}, \"finish_reason\": \"function_call\"}]}\n\n",
         ] {
-            let (_, _) = run(Scripted::default(), input, 3);
+            let _ = run(Scripted::default(), input, 3);
         }
     }
 }

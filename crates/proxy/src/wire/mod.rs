@@ -1,0 +1,862 @@
+//! The wire formats the proxy speaks, each plain and streamed, with the same enforcement:
+//!
+//! | format | route | conversation | calls | results |
+//! |---|---|---|---|---|
+//! | [`Wire::Chat`]: OpenAI chat completions | `POST /v1/chat/completions` | `messages` | `tool_calls` | `role: tool` messages |
+//! | [`Wire::Messages`]: Anthropic Messages | `POST /v1/messages` | `messages` (+ `system`) | `tool_use` blocks | `tool_result` blocks |
+//! | [`Wire::Responses`]: OpenAI Responses | `POST /v1/responses` | `input` items (+ `instructions`, `previous_response_id`) | `function_call` items | `function_call_output` items |
+//!
+//! What every format shares lives here: reading the conversation into events (through
+//! [`loopguard_transcript::messages`], the reader `loopctl simulate` uses), finding the
+//! session's hints, stripping in-chat commands, placing nudges. What differs — where a result
+//! lives, how a note is added to it, how a response and its stream are shaped — is in one module
+//! per format ([`chat`], [`messages`], [`responses`]), behind the same functions.
+
+pub mod chat;
+pub mod messages;
+pub mod responses;
+
+use loopguard_transcript::Item;
+use loopguard_transcript::messages::Mode;
+use serde_json::{Value, json};
+
+use crate::commands::{self, Command};
+use crate::judge::{CallIn, Intervention, Judge};
+
+/// Prefix of every text the proxy writes into a conversation.
+pub const MARK: &str = "[loopguard]";
+
+/// A wire format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Wire {
+    /// OpenAI chat completions.
+    Chat,
+    /// Anthropic Messages.
+    Messages,
+    /// OpenAI Responses.
+    Responses,
+}
+
+/// How the proxy sees one message (or Responses item) of a conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A user-role message without tool results (a person's, unless it follows results).
+    Person,
+    /// Tool results (with any text beside them, which is the host's).
+    Results,
+    /// Written by the model.
+    Assistant,
+    /// System, developer and anything else.
+    Other,
+}
+
+impl Wire {
+    /// The format's name in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Chat => "chat_completions",
+            Wire::Messages => "messages",
+            Wire::Responses => "responses",
+        }
+    }
+
+    /// The upstream path under the base URL.
+    pub fn upstream_path(self) -> &'static [&'static str] {
+        match self {
+            Wire::Chat => &["chat", "completions"],
+            Wire::Messages => &["messages"],
+            Wire::Responses => &["responses"],
+        }
+    }
+
+    /// The key of the conversation in a request body.
+    fn list_key(self) -> &'static str {
+        match self {
+            Wire::Chat | Wire::Messages => "messages",
+            Wire::Responses => "input",
+        }
+    }
+
+    /// The conversation of a request body, ready to edit; a Responses `input` given as a string
+    /// becomes a list of one user message. `None` when the body has none (or not a list).
+    pub fn conversation_mut(self, body: &mut Value) -> Option<&mut Vec<Value>> {
+        let key = self.list_key();
+        let obj = body.as_object_mut()?;
+        if self == Wire::Responses
+            && let Some(Value::String(s)) = obj.get(key)
+        {
+            let text = s.clone();
+            obj.insert(key.to_owned(), json!([{"role": "user", "content": text}]));
+        }
+        obj.get_mut(key)?.as_array_mut()
+    }
+
+    /// The conversation of a request body (`None`: none, or not a list).
+    pub fn conversation(self, body: &Value) -> Option<&Vec<Value>> {
+        body.get(self.list_key())?.as_array()
+    }
+
+    /// The conversation read into events, leniently (each event's `line` is its message's
+    /// 1-based position).
+    pub fn read(self, list: &[Value]) -> Vec<Item> {
+        let read = match self {
+            Wire::Chat | Wire::Messages => {
+                loopguard_transcript::messages::read_messages(list, Mode::Lenient)
+            }
+            Wire::Responses => {
+                let positioned: Vec<(usize, &Value)> =
+                    list.iter().enumerate().map(|(i, v)| (i + 1, v)).collect();
+                loopguard_transcript::messages::read_responses_items(&positioned, Mode::Lenient)
+            }
+        };
+        // Lenient reading passes over what it cannot read instead of failing.
+        read.unwrap_or_default()
+    }
+
+    /// The model a request names.
+    pub fn model(self, body: &Value) -> Option<&str> {
+        body.get("model").and_then(Value::as_str)
+    }
+
+    /// Whether the request asks for a stream.
+    pub fn wants_stream(self, body: &Value) -> bool {
+        body.get("stream").and_then(Value::as_bool) == Some(true)
+    }
+
+    /// The client's own name for the conversation or its end user, when the request carries
+    /// one: chat's `user`, Anthropic's `metadata.user_id`, a Responses `conversation` or
+    /// `user`. Used for the session when there is no `X-Session-Id` header.
+    pub fn session_hint(self, body: &Value) -> Option<(&'static str, String)> {
+        let text = |v: Option<&Value>| {
+            v.and_then(Value::as_str)
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        match self {
+            Wire::Chat => text(body.get("user")).map(|u| ("user", u)),
+            Wire::Messages => {
+                text(body.get("metadata").and_then(|m| m.get("user_id"))).map(|u| ("user", u))
+            }
+            Wire::Responses => {
+                let conversation = body.get("conversation");
+                text(conversation)
+                    .or_else(|| text(conversation.and_then(|c| c.get("id"))))
+                    .map(|c| ("conv", c))
+                    .or_else(|| text(body.get("user")).map(|u| ("user", u)))
+            }
+        }
+    }
+
+    /// The stored response a Responses request continues (`previous_response_id`).
+    pub fn previous_response(self, body: &Value) -> Option<&str> {
+        match self {
+            Wire::Responses => body
+                .get("previous_response_id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty()),
+            _ => None,
+        }
+    }
+
+    /// What opens a conversation and stays as it grows: the system prompt and the first
+    /// person's message, as text for a hash that names the session when nothing else does.
+    pub fn opening(self, body: &Value) -> String {
+        let mut text = String::new();
+        let mut add = |role: &str, v: Option<&Value>| {
+            // `serde_json` maps keep their keys sorted, so equal content prints equally.
+            text.push_str(role);
+            text.push('\u{1f}');
+            text.push_str(&v.map(Value::to_string).unwrap_or_default());
+            text.push('\u{1e}');
+        };
+        match self {
+            Wire::Messages => add("system", body.get("system")),
+            Wire::Responses => add("instructions", body.get("instructions")),
+            Wire::Chat => {}
+        }
+        if let Some(Value::String(s)) = body.get("input") {
+            add("user", Some(&Value::String(s.clone())));
+            return text;
+        }
+        for m in self.conversation(body).into_iter().flatten() {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+            add(role, m.get("content"));
+            if role != "system" && role != "developer" {
+                break;
+            }
+        }
+        text
+    }
+
+    /// How the proxy sees a message of the conversation.
+    pub fn classify(self, m: &Value) -> Seen {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+        match self {
+            Wire::Chat => match role {
+                "user" => Seen::Person,
+                "tool" | "function" => Seen::Results,
+                "assistant" => Seen::Assistant,
+                _ => Seen::Other,
+            },
+            Wire::Messages => match role {
+                "user" if messages::has_results(m) => Seen::Results,
+                "user" => Seen::Person,
+                "assistant" => Seen::Assistant,
+                _ => Seen::Other,
+            },
+            Wire::Responses => {
+                if loopguard_transcript::messages::is_assistant(m) {
+                    Seen::Assistant
+                } else if responses::is_output(m) {
+                    Seen::Results
+                } else if role == "user" {
+                    Seen::Person
+                } else {
+                    Seen::Other
+                }
+            }
+        }
+    }
+
+    /// The call ids a results message answers.
+    pub fn result_ids(self, m: &Value) -> Vec<&str> {
+        match self {
+            Wire::Chat => m
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .into_iter()
+                .collect(),
+            Wire::Messages => messages::result_ids(m),
+            Wire::Responses => m
+                .get("call_id")
+                .and_then(Value::as_str)
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Appends `note` to the result answering `id` in message `m`.
+    fn append_to_result(self, m: &mut Value, id: &str, note: &str) {
+        match self {
+            Wire::Chat => append_to(m, "content", note, "text"),
+            Wire::Messages => messages::append_to_result(m, id, note),
+            Wire::Responses => append_to(m, "output", note, "input_text"),
+        }
+    }
+
+    /// A note the proxy adds to a conversation on its own (a system message; for Anthropic,
+    /// which has no system role inside `messages`, a user message).
+    fn note_message(self, note: &str) -> Value {
+        match self {
+            Wire::Chat | Wire::Responses => json!({"role": "system", "content": note}),
+            Wire::Messages => json!({"role": "user", "content": [{"type": "text", "text": note}]}),
+        }
+    }
+
+    /// The text part type of user content in this format.
+    fn text_part(self) -> &'static str {
+        match self {
+            Wire::Chat | Wire::Messages => "text",
+            Wire::Responses => "input_text",
+        }
+    }
+
+    /// Whether `m` is the proxy's own reply (an assistant message starting with [`MARK`] and
+    /// calling nothing).
+    fn is_proxy_reply(self, m: &Value) -> bool {
+        if self.classify(m) != Seen::Assistant {
+            return false;
+        }
+        let calls = match self {
+            Wire::Chat => m.get("tool_calls").is_some_and(|v| !v.is_null()),
+            Wire::Messages => messages::has_calls(m),
+            Wire::Responses => m
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t != "message"),
+        };
+        !calls && text_of(m.get("content")).starts_with(MARK)
+    }
+
+    /// Judges a whole response and rewrites it for the client: see each format's `rewrite`.
+    pub fn rewrite(self, body: &mut Value, judge: &mut dyn Judge) -> Rewritten {
+        match self {
+            Wire::Chat => chat::rewrite(body, judge),
+            Wire::Messages => messages::rewrite(body, judge),
+            Wire::Responses => responses::rewrite(body, judge),
+        }
+    }
+
+    /// A rewriter for a streamed response.
+    pub fn stream<J: Judge + 'static>(self, judge: J) -> Box<dyn Rewriter<J>> {
+        match self {
+            Wire::Chat => Box::new(chat::Stream::new(judge)),
+            Wire::Messages => Box::new(messages::Stream::new(judge)),
+            Wire::Responses => Box::new(responses::Stream::new(judge)),
+        }
+    }
+
+    /// The proxy's own answer (to in-chat commands) in this format: the body and its content
+    /// type, a whole response or a stream of events as the client asked.
+    pub fn reply(self, text: &str, model: &str, id: u64, stream: bool) -> (String, &'static str) {
+        let body = match self {
+            Wire::Chat => chat::reply(text, model, id, stream),
+            Wire::Messages => messages::reply(text, model, id, stream),
+            Wire::Responses => responses::reply(text, model, id, stream),
+        };
+        let content_type = if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        (body, content_type)
+    }
+
+    /// The request to ask the upstream again with, after its answer `answer` (a whole
+    /// response) was a lone repeated call that the proxy withholds: the answer and a failed
+    /// result carrying `guidance` for `call` appended to the conversation. `None` when the
+    /// answer cannot be read.
+    pub fn retry(
+        self,
+        request: &Value,
+        answer: &Value,
+        call: &CallIn,
+        guidance: &str,
+    ) -> Option<Value> {
+        match self {
+            Wire::Chat => chat::retry(request, answer, call, guidance),
+            Wire::Messages => messages::retry(request, answer, call, guidance),
+            Wire::Responses => responses::retry(request, answer, call, guidance),
+        }
+    }
+
+    /// The id of a whole response (the one a Responses client continues from).
+    pub fn response_id(self, body: &Value) -> Option<&str> {
+        body.get("id").and_then(Value::as_str)
+    }
+}
+
+/// What rewriting a whole response did.
+#[derive(Debug)]
+pub enum Rewritten {
+    /// The body was judged (and changed where the judge said); these are the interventions.
+    Judged(Vec<Intervention>),
+    /// The session is stopped: answer with this error.
+    Stop(crate::error::ApiError),
+    /// The body is not a response of this format.
+    Malformed(String),
+}
+
+/// Rewrites a streamed response: upstream bytes in, events for the client out.
+pub trait Rewriter<J>: Send {
+    /// Feeds bytes from the upstream; returns the events to send to the client.
+    fn push(&mut self, bytes: &[u8]) -> Vec<String>;
+    /// The upstream stream ended: every turn not yet judged is judged.
+    fn finish(&mut self) -> Vec<String>;
+    /// The state every format's rewriter keeps.
+    fn state(&self) -> &StreamState;
+    /// The judge.
+    fn judge(&mut self) -> &mut J;
+    /// How many calls were assembled but never judged nor released (a stream cut short).
+    fn abandon(&mut self) -> usize;
+    /// The whole answer the stream assembled so far, as the format's whole response (for
+    /// asking the upstream again after it).
+    fn answer(&self) -> Option<Value>;
+    /// The judge, taken back.
+    fn into_judge(self: Box<Self>) -> J;
+}
+
+/// What a stream rewriter knows about the stream so far.
+#[derive(Debug, Default)]
+pub struct StreamState {
+    /// The error a terminate verdict ended the stream with (also sent as its last event).
+    pub terminated: Option<crate::error::ApiError>,
+    /// Something the client must see has been emitted: text, a released call, a finish.
+    pub committed: bool,
+    /// The stream ended (terminated, or failed): nothing more is sent.
+    pub closed: bool,
+    /// The upstream sent an error event of its own.
+    pub upstream_error: bool,
+    /// The upstream sent something that is not a stream of this format.
+    pub malformed: bool,
+    /// Every intervention of the stream.
+    pub interventions: Vec<Intervention>,
+}
+
+impl StreamState {
+    /// Closes the stream with an upstream-malformed error event.
+    pub(crate) fn fail(&mut self, wire: Wire, out: &mut Vec<String>, what: &str) {
+        self.malformed = true;
+        self.closed = true;
+        out.push(
+            crate::error::ApiError::upstream(
+                axum::http::StatusCode::BAD_GATEWAY,
+                "upstream_malformed",
+                format!("the upstream stream is malformed: {what}"),
+            )
+            .sse_event(wire),
+        );
+    }
+
+    /// Closes the stream with the stop `e`.
+    pub(crate) fn stop(&mut self, wire: Wire, out: &mut Vec<String>, e: crate::error::ApiError) {
+        self.closed = true;
+        out.push(e.sse_event(wire));
+        self.terminated = Some(e);
+    }
+}
+
+// --- content ---------------------------------------------------------------------------------
+
+/// The text of message content: a string, or the text parts of an array, joined by newlines.
+pub fn text_of(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.as_str()),
+                _ => p.get("text").and_then(Value::as_str),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Appends a note to content (a string, an array of parts, or null); a part added to an array
+/// has type `part`.
+pub fn append_text(content: &mut Value, note: &str, part: &str) {
+    match content {
+        Value::String(s) if s.is_empty() => note.clone_into(s),
+        Value::String(s) => {
+            s.push_str("\n\n");
+            s.push_str(note);
+        }
+        Value::Array(parts) => parts.push(json!({"type": part, "text": note})),
+        other => *other = Value::String(note.to_owned()),
+    }
+}
+
+/// Appends a note to `m[key]`, creating it when absent.
+fn append_to(m: &mut Value, key: &str, note: &str, part: &str) {
+    let Some(obj) = m.as_object_mut() else {
+        return;
+    };
+    match obj.get_mut(key) {
+        Some(c) => append_text(c, note, part),
+        None => {
+            obj.insert(key.to_owned(), Value::String(note.to_owned()));
+        }
+    }
+}
+
+// --- in-chat commands ------------------------------------------------------------------------
+
+/// What [`strip_commands`] found.
+#[derive(Debug, Default)]
+pub struct Stripped {
+    /// Valid commands in tail messages, in order.
+    pub commands: Vec<Command>,
+    /// Problems with tail commands.
+    pub errors: Vec<String>,
+    /// The request's last message was a user message holding only commands: it asks the
+    /// proxy, not the model, and gets the proxy's reply.
+    pub reply_needed: bool,
+}
+
+/// Strips commands from a user message's content; returns the scan of each text found and
+/// whether anything but commands is left.
+fn strip_content(content: &mut Value, scans: &mut Vec<commands::Scan>) -> bool {
+    match content {
+        Value::String(s) => {
+            let scan = commands::scan(s);
+            let left = !scan.text.is_empty() || !scan.found;
+            if scan.found {
+                s.clone_from(&scan.text);
+                scans.push(scan);
+            }
+            left
+        }
+        Value::Array(parts) => {
+            parts.retain_mut(|p| {
+                let Some(Value::String(t)) = p.get_mut("text") else {
+                    return true; // images, audio, files: kept as they are
+                };
+                let scan = commands::scan(t);
+                if !scan.found {
+                    return true;
+                }
+                t.clone_from(&scan.text);
+                let keep = !scan.text.is_empty();
+                scans.push(scan);
+                keep
+            });
+            !parts.is_empty()
+        }
+        _ => true,
+    }
+}
+
+/// The position where the tail starts: the messages after the last one the model wrote
+/// (what is new since the proxy last answered).
+pub fn tail_start(wire: Wire, list: &[Value]) -> usize {
+    list.iter()
+        .rposition(|m| wire.classify(m) == Seen::Assistant)
+        .map_or(0, |i| i + 1)
+}
+
+/// Strips in-chat commands from every person's message and collects the ones in the tail.
+///
+/// A message left empty is dropped, and so is the proxy's reply to it (the assistant message
+/// right after it, if it starts with [`MARK`] and calls nothing): the model sees neither the
+/// commands nor the proxy's answers to them.
+///
+/// Commands are read only from a person's own text: a user message right after tool results
+/// (or tool results with text beside them) is the host's — a framework's observation, pasted
+/// tool output, a "continue" prompt — and is left as it is. Without `honour` (commands not
+/// allowed for this caller) nothing is read or stripped: the text goes to the model as
+/// written.
+pub fn strip_commands(wire: Wire, list: &mut Vec<Value>, honour: bool) -> Stripped {
+    let mut out = Stripped::default();
+    if !honour {
+        return out;
+    }
+    let tail = tail_start(wire, list);
+    let mut kept = Vec::with_capacity(list.len());
+    let last = list.len().saturating_sub(1);
+    let mut drop_reply = false;
+    let mut after_results = false;
+    for (i, mut m) in std::mem::take(list).into_iter().enumerate() {
+        let seen = wire.classify(&m);
+        let hosts = after_results;
+        after_results = seen == Seen::Results;
+        if drop_reply {
+            drop_reply = false;
+            if wire.is_proxy_reply(&m) {
+                continue;
+            }
+        }
+        if seen == Seen::Person
+            && !hosts
+            && let Some(content) = m.get_mut("content")
+        {
+            let mut scans = Vec::new();
+            let left = strip_content(content, &mut scans);
+            if i >= tail {
+                for s in scans {
+                    out.commands.extend(s.commands);
+                    out.errors.extend(s.errors);
+                }
+            }
+            if !left {
+                drop_reply = true;
+                if i == last {
+                    out.reply_needed = true;
+                }
+                continue;
+            }
+        }
+        kept.push(m);
+    }
+    *list = kept;
+    out
+}
+
+// --- nudges ----------------------------------------------------------------------------------
+
+/// Where nudges go in the request to the model: the policy's `escalation.nudge`.
+///
+/// `Context` appends a nudge to the content of the tool result answering the call it is about
+/// (the model reads it with the output); a nudge about no call (text loops) is appended to the
+/// request's last message when that is a person's or a result, else it is a note of its own.
+/// `System` adds a system message after the tool results it is about (Anthropic, which has no
+/// system role inside `messages`: a text block after them in their message); some chat
+/// templates refuse system messages after the first one.
+pub use loopguard_rules::Nudge as NudgePlacement;
+
+/// Adds nudges to a conversation. `anchored` are (call id, text): the result answering that
+/// call gets the note, in this request and every later one, so the conversation the model sees
+/// stays the same from turn to turn. `loose` notes about no call are added once.
+pub fn apply_nudges(
+    wire: Wire,
+    list: &mut Vec<Value>,
+    anchored: &[(String, String)],
+    loose: &[String],
+    placement: NudgePlacement,
+) {
+    let notes_for = |wire: Wire, m: &Value| -> Vec<(String, String)> {
+        if wire.classify(m) != Seen::Results {
+            return Vec::new();
+        }
+        let ids = wire.result_ids(m);
+        anchored
+            .iter()
+            .filter(|(a, _)| ids.contains(&a.as_str()))
+            .cloned()
+            .collect()
+    };
+    match placement {
+        NudgePlacement::Context => {
+            for m in list.iter_mut() {
+                for (id, note) in notes_for(wire, m) {
+                    wire.append_to_result(m, &id, &note);
+                }
+            }
+        }
+        NudgePlacement::System if wire == Wire::Messages => {
+            for m in list.iter_mut() {
+                let notes: Vec<String> = notes_for(wire, m).into_iter().map(|(_, n)| n).collect();
+                if !notes.is_empty() {
+                    append_to(m, "content", &notes.join("\n"), "text");
+                }
+            }
+        }
+        NudgePlacement::System => {
+            let mut out = Vec::with_capacity(list.len() + 1);
+            let mut pending: Vec<String> = Vec::new();
+            for m in std::mem::take(list) {
+                let is_result = wire.classify(&m) == Seen::Results;
+                if !is_result && !pending.is_empty() {
+                    out.push(wire.note_message(&pending.join("\n")));
+                    pending.clear();
+                }
+                pending.extend(notes_for(wire, &m).into_iter().map(|(_, n)| n));
+                out.push(m);
+            }
+            if !pending.is_empty() {
+                out.push(wire.note_message(&pending.join("\n")));
+            }
+            *list = out;
+        }
+    }
+    if loose.is_empty() {
+        return;
+    }
+    let note = loose.join("\n");
+    let last = list.last_mut();
+    match last {
+        Some(m) if placement == NudgePlacement::Context || wire == Wire::Messages => {
+            match wire.classify(m) {
+                Seen::Person => append_to(m, "content", &note, wire.text_part()),
+                Seen::Results if wire == Wire::Messages => append_to(m, "content", &note, "text"),
+                Seen::Results => {
+                    let id = wire.result_ids(m).first().map(|s| (*s).to_owned());
+                    if let Some(id) = id {
+                        wire.append_to_result(m, &id, &note);
+                    }
+                }
+                _ => list.push(wire.note_message(&note)),
+            }
+        }
+        _ => list.push(wire.note_message(&note)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn msgs(v: Value) -> Vec<Value> {
+        v.as_array().unwrap().clone()
+    }
+
+    #[test]
+    fn only_tail_commands_count_and_all_are_stripped() {
+        let mut m = msgs(json!([
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "!/set(tool-loop-ttl=5) fix it"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "!/set(tool-loop-max-repeats=4)"}
+        ]));
+        let s = strip_commands(Wire::Chat, &mut m, true);
+        assert!(s.reply_needed);
+        assert_eq!(s.commands.len(), 1);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[1]["content"], "fix it");
+    }
+
+    #[test]
+    fn pure_commands_and_their_replies_leave_the_history() {
+        for wire in [Wire::Chat, Wire::Messages] {
+            let mut m = msgs(json!([
+                {"role": "user", "content": "!/set(tool-loop-max-repeats=4)"},
+                {"role": "assistant", "content": "[loopguard] Session settings changed"},
+                {"role": "user", "content": [{"type": "text", "text": "build it"}]}
+            ]));
+            let s = strip_commands(wire, &mut m, true);
+            assert!(!s.reply_needed);
+            assert!(s.commands.is_empty(), "not in the tail");
+            assert_eq!(m.len(), 1);
+            assert_eq!(m[0]["content"][0]["text"], "build it");
+        }
+        let mut m = msgs(json!([
+            {"role": "user", "content": "!/set(tool-loop-max-repeats=4)"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "[loopguard] Done"}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "build it"}]}
+        ]));
+        strip_commands(Wire::Responses, &mut m, true);
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn command_parts_are_removed_from_arrays() {
+        let mut m = msgs(json!([
+            {"role": "user", "content": [
+                {"type": "text", "text": "!/unset(tool-loop-mode)"},
+                {"type": "image_url", "image_url": {"url": "data:"}}
+            ]}
+        ]));
+        let s = strip_commands(Wire::Chat, &mut m, true);
+        assert!(!s.reply_needed, "the image is still for the model");
+        assert_eq!(m[0]["content"].as_array().unwrap().len(), 1);
+        assert_eq!(s.commands.len(), 1);
+    }
+
+    #[test]
+    fn commands_beside_tool_results_are_the_hosts() {
+        // An Anthropic user message holding tool results: its text is pasted output.
+        let mut m = msgs(json!([
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "x"},
+                {"type": "text", "text": "!/set(tool-loop-detection=false)"}]}
+        ]));
+        let s = strip_commands(Wire::Messages, &mut m, true);
+        assert!(s.commands.is_empty());
+        assert_eq!(
+            m[1]["content"][1]["text"],
+            "!/set(tool-loop-detection=false)"
+        );
+    }
+
+    #[test]
+    fn context_nudges_follow_their_result_every_time() {
+        let base = msgs(json!([
+            {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "bash"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "out"},
+            {"role": "user", "content": [{"type": "text", "text": "go"}]}
+        ]));
+        let anchored = vec![("c1".to_owned(), "[loopguard] stop".to_owned())];
+        let mut m = base.clone();
+        apply_nudges(
+            Wire::Chat,
+            &mut m,
+            &anchored,
+            &["[loopguard] text".to_owned()],
+            NudgePlacement::Context,
+        );
+        assert_eq!(m[1]["content"], "out\n\n[loopguard] stop");
+        assert_eq!(m[2]["content"][1]["text"], "[loopguard] text");
+        let mut m = base;
+        apply_nudges(Wire::Chat, &mut m, &anchored, &[], NudgePlacement::System);
+        assert_eq!(m.len(), 4);
+        assert_eq!(
+            m[2],
+            json!({"role": "system", "content": "[loopguard] stop"})
+        );
+    }
+
+    #[test]
+    fn nudges_reach_anthropic_and_responses_results() {
+        let anchored = vec![("t1".to_owned(), "[loopguard] stop".to_owned())];
+        let mut m = msgs(json!([
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "out"}]}
+        ]));
+        let mut s = m.clone();
+        apply_nudges(
+            Wire::Messages,
+            &mut m,
+            &anchored,
+            &[],
+            NudgePlacement::Context,
+        );
+        assert_eq!(m[1]["content"][0]["content"], "out\n\n[loopguard] stop");
+        apply_nudges(
+            Wire::Messages,
+            &mut s,
+            &anchored,
+            &[],
+            NudgePlacement::System,
+        );
+        assert_eq!(s.len(), 2, "no system role inside Anthropic messages");
+        assert_eq!(
+            s[1]["content"][1],
+            json!({"type": "text", "text": "[loopguard] stop"})
+        );
+        let mut r = msgs(json!([
+            {"type": "function_call", "call_id": "t1", "name": "bash", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "t1", "output": "out"}
+        ]));
+        apply_nudges(
+            Wire::Responses,
+            &mut r,
+            &anchored,
+            &[],
+            NudgePlacement::Context,
+        );
+        assert_eq!(r[1]["output"], "out\n\n[loopguard] stop");
+    }
+
+    #[test]
+    fn loose_nudges_after_an_assistant_message_are_notes_of_their_own() {
+        let mut m = msgs(json!([{"role": "assistant", "content": "hi"}]));
+        apply_nudges(
+            Wire::Chat,
+            &mut m,
+            &[],
+            &["n".to_owned()],
+            NudgePlacement::Context,
+        );
+        assert_eq!(m[1]["role"], "system");
+        let mut m = msgs(json!([{"role": "assistant", "content": "hi"}]));
+        apply_nudges(
+            Wire::Messages,
+            &mut m,
+            &[],
+            &["n".to_owned()],
+            NudgePlacement::System,
+        );
+        assert_eq!(m[1]["role"], "user");
+    }
+
+    #[test]
+    fn append_text_handles_every_shape() {
+        let mut v = Value::Null;
+        append_text(&mut v, "n", "text");
+        assert_eq!(v, "n");
+        let mut v = json!("");
+        append_text(&mut v, "n", "text");
+        assert_eq!(v, "n");
+        let mut v = json!([]);
+        append_text(&mut v, "n", "input_text");
+        assert_eq!(v, json!([{"type": "input_text", "text": "n"}]));
+    }
+
+    #[test]
+    fn sessions_are_hinted_and_opened_per_format() {
+        let chat = json!({"user": "u1", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]});
+        assert_eq!(
+            Wire::Chat.session_hint(&chat),
+            Some(("user", "u1".to_owned()))
+        );
+        let anthropic = json!({"metadata": {"user_id": "u2"}, "system": "s", "messages": [{"role": "user", "content": "go"}]});
+        assert_eq!(
+            Wire::Messages.session_hint(&anthropic),
+            Some(("user", "u2".to_owned()))
+        );
+        assert!(Wire::Messages.opening(&anthropic).contains("\"s\""));
+        let responses = json!({"conversation": {"id": "conv_1"}, "input": "go"});
+        assert_eq!(
+            Wire::Responses.session_hint(&responses),
+            Some(("conv", "conv_1".to_owned()))
+        );
+        assert!(Wire::Responses.opening(&responses).contains("go"));
+        let prev = json!({"previous_response_id": "resp_1", "input": []});
+        assert_eq!(Wire::Responses.previous_response(&prev), Some("resp_1"));
+    }
+}
