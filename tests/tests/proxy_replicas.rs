@@ -222,3 +222,37 @@ async fn replicas_of_other_deployments_do_not_share_sessions() {
     // Each proxy sees every other call only: the loop is flagged later than with one proxy.
     assert!(seen.iter().take(4).all(|s| s.action.is_none()), "{seen:?}");
 }
+
+// A state someone else wrote into the store (garbage JSON, an oversized value) is counted as a
+// store error and the request is served with what the replica holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_shared_state_is_counted_and_the_request_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), 3);
+    let policy = policy.to_str().unwrap();
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let p = replica(&up, policy, &redis);
+    let url = p.url("");
+    let first = converse("corrupt", "explore", 1, |_| url.clone()).await;
+    assert_eq!(first[0].status, 200);
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("loopguard:proxy:replicas-test:session:*hdr:corrupt")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    for garbage in ["{not json".to_owned(), "x".repeat(5 << 20)] {
+        let _: () = redis::cmd("HSET")
+            .arg(&keys[0])
+            .arg("v")
+            .arg(format!("forged-{}", garbage.len()))
+            .arg("s")
+            .arg(garbage)
+            .query(&mut conn)
+            .unwrap();
+        let seen = converse("corrupt", "explore", 1, |_| url.clone()).await;
+        assert_eq!(seen[0].status, 200, "{}", p.log());
+    }
+    assert!(metric_of(&p, "loopguard_proxy_session_store_total{op=\"error\"}").await >= 2);
+}

@@ -375,7 +375,7 @@ async fn send(
     state: &State,
     wire: Wire,
     headers: &HeaderMap,
-    body: Vec<u8>,
+    body: Bytes,
     deadline: Deadline,
 ) -> Result<reqwest::Response, ApiError> {
     let url = state
@@ -447,12 +447,17 @@ async fn handle_inner(
     };
     tracing::debug!(session = ?turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, format = wire.name(), "forwarding");
     let deadline = Deadline::now() + state.options.timeout;
-    let body = match serde_json::to_vec(&json) {
-        Ok(b) => b,
-        Err(e) => {
-            judging(state, || state.settle_turn(&turn));
-            return ApiError::invalid_request("invalid_body", e.to_string()).response(wire);
+    let body = if turn.body_changed {
+        match serde_json::to_vec(&json) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => {
+                judging(state, || state.settle_turn(&turn));
+                return ApiError::invalid_request("invalid_body", e.to_string()).response(wire);
+            }
         }
+    } else {
+        // Nothing changed: the upstream gets the client's bytes.
+        bytes
     };
     let resp = match send(state, wire, headers, body, deadline).await {
         Ok(r) => r,
@@ -588,7 +593,9 @@ async fn second_answer(
     deadline: Deadline,
 ) -> Option<Vec<u8>> {
     let bytes = serde_json::to_vec(body).ok()?;
-    let resp = send(state, wire, headers, bytes, deadline).await.ok()?;
+    let resp = send(state, wire, headers, Bytes::from(bytes), deadline)
+        .await
+        .ok()?;
     if !resp.status().is_success() {
         state.metrics.upstream_error("status");
         return None;
@@ -744,7 +751,7 @@ async fn pump(
         let deadline = Deadline::now() + state.options.timeout;
         let next = match again {
             Some(body) => match serde_json::to_vec(&body) {
-                Ok(bytes) => send(&state, wire, &retry.headers, bytes, deadline)
+                Ok(bytes) => send(&state, wire, &retry.headers, Bytes::from(bytes), deadline)
                     .await
                     .ok(),
                 Err(_) => None,

@@ -65,7 +65,30 @@ pub struct Book {
     pub dirty: bool,
 }
 
+/// Longest text a book keeps in one entry (an id, a note).
+const MAX_ENTRY: usize = 64 << 10;
+
 impl Book {
+    /// Holds a book read from elsewhere (a shared store, a state file) to the bounds of a live
+    /// one: at most as many entries of each kind, none longer than 64 KiB.
+    pub fn bound(&mut self) {
+        fn keep<T>(q: &mut VecDeque<T>, max: usize, fits: impl Fn(&T) -> bool) {
+            q.retain(|x| fits(x));
+            while q.len() > max {
+                q.pop_front();
+            }
+        }
+        let short = |s: &String| s.len() <= MAX_ENTRY;
+        keep(&mut self.results_seen, MAX_SEEN, short);
+        keep(&mut self.nudges, MAX_NUDGES, |(a, b)| short(a) && short(b));
+        keep(&mut self.calls, MAX_CALLS, |(a, b)| short(a) && short(b));
+        keep(&mut self.withheld, MAX_WITHHELD, |(a, b, c)| {
+            short(a) && short(b) && short(c)
+        });
+        self.loose.retain(short);
+        self.loose.truncate(MAX_NUDGES);
+    }
+
     /// Whether the result `id` is seen for the first time (and remembers it).
     pub fn first_sight(&mut self, id: &str) -> bool {
         if self.results_seen.iter().any(|s| s == id) {
@@ -237,6 +260,9 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// Largest stored state read (a live session's is a few KB).
+const MAX_STORED: usize = 4 << 20;
+
 /// Reads a session's state when its version differs from the one the caller holds.
 const LOAD: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
@@ -351,6 +377,12 @@ impl Shared {
             [v, s] => {
                 let version = text(v).ok_or_else(|| StoreError::Corrupt("no version".into()))?;
                 let state = text(s).ok_or_else(|| StoreError::Corrupt("no state".into()))?;
+                if state.len() > MAX_STORED {
+                    return Err(StoreError::Corrupt(format!(
+                        "a stored state of {} bytes (at most {MAX_STORED})",
+                        state.len()
+                    )));
+                }
                 let stored: Stored =
                     serde_json::from_str(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 Ok(Loaded::Changed(version, Box::new(stored)))
@@ -469,6 +501,22 @@ mod tests {
         assert_eq!(book.take_withheld("r1"), [("c1".into(), "refused".into())]);
         assert!(book.take_withheld("r1").is_empty());
         assert_eq!(book.withheld.len(), 1);
+    }
+
+    // A state read from a shared store is held to the bounds of a live book.
+    #[test]
+    fn a_hostile_book_is_held_to_the_live_bounds() {
+        let mut book = Book::default();
+        for i in 0..10_000 {
+            book.results_seen.push_back(format!("r{i}"));
+        }
+        book.nudges.push_back(("c".into(), "x".repeat(1 << 20)));
+        book.loose = vec!["y".into(); 1000];
+        book.bound();
+        assert_eq!(book.results_seen.len(), MAX_SEEN);
+        assert_eq!(book.results_seen.back().map(String::as_str), Some("r9999"));
+        assert!(book.nudges.is_empty());
+        assert_eq!(book.loose.len(), MAX_NUDGES);
     }
 
     #[test]

@@ -112,6 +112,9 @@ pub struct Turn {
     /// Whether the session's ladder gives repeated calls a second chance
     /// (`chance_then_break`): a stream is then held whole until its calls are judged.
     pub second_chances: bool,
+    /// The proxy changed the request body (commands taken out, notes added): it is sent
+    /// upstream re-serialized; otherwise the client's bytes go as they came.
+    pub body_changed: bool,
 }
 
 /// What to do with a request once read.
@@ -299,6 +302,7 @@ impl State {
                     }
                 }
                 *book = stored_book;
+                book.bound();
                 book.version = Some(version);
             }
             Err(error) => {
@@ -447,7 +451,8 @@ impl State {
                     .get("books")
                     .and_then(|b| b.get(&id))
                     .and_then(|b| serde_json::from_value::<Book>(b.clone()).ok());
-                if let Some(saved) = saved {
+                if let Some(mut saved) = saved {
+                    saved.bound();
                     *book = saved;
                 }
                 book.last_ms = now_ms();
@@ -546,6 +551,7 @@ impl State {
         let stream = wire.wants_stream(body);
         let previous = wire.previous_response(body).map(str::to_owned);
         let stored = wire == Wire::Responses && wire::responses::stored(body);
+        let mut body_changed = wire.input_is_text(body);
         let guard = self.guard();
         let engine = Arc::clone(&guard.engine);
         let Some(list) = wire.conversation_mut(body) else {
@@ -559,6 +565,7 @@ impl State {
         };
         let request_id = request_id(headers).unwrap_or_else(|| format!("lg-{}", self.next_id()));
         let stripped = wire::strip_commands(wire, list, honour);
+        body_changed |= stripped.changed;
         let now = now_ms();
         let book_ref = self.book(&session, &engine);
         let mut book = lock(&book_ref);
@@ -575,7 +582,7 @@ impl State {
             in_request
         };
         let second_chances = uses_second_chances(&engine, &session);
-        let turn = Box::new(Turn {
+        let mut turn = Box::new(Turn {
             wire,
             session,
             model,
@@ -586,6 +593,7 @@ impl State {
             assistant_turns,
             stored,
             second_chances,
+            body_changed,
         });
         let ladders = guard.ladders();
         if !stripped.errors.is_empty() {
@@ -623,6 +631,7 @@ impl State {
             let withheld = book.take_withheld(prev);
             if !withheld.is_empty() {
                 book.dirty = true;
+                turn.body_changed = true;
                 let outputs = withheld
                     .iter()
                     .map(|(call, note)| wire::responses::withheld_output(call, note));
@@ -642,7 +651,7 @@ impl State {
             .options
             .nudge
             .unwrap_or(engine.session_rules(&turn.session).config().nudge);
-        wire::apply_nudges(wire, list, &anchored, &loose, placement);
+        turn.body_changed |= wire::apply_nudges(wire, list, &anchored, &loose, placement);
         Prepared::Forward(turn)
     }
 
@@ -670,16 +679,12 @@ impl State {
             book.tail_hash = Some(hash);
             book.dirty = true;
         }
-        // The tail's events, read as `loopctl simulate` reads them; each with its turn (the
-        // assistant messages before it).
-        let items = wire.read(list);
-        let base = turn.assistant_turns.saturating_sub(
-            list.iter()
-                .filter(|m| wire.classify(m) == Seen::Assistant)
-                .count() as u64,
-        );
-        for item in items.iter().filter(|i| i.line > tail) {
-            let at_turn = base + item.turn;
+        // The tail's events, read as `loopctl simulate` reads them (the tail alone: what came
+        // before it was judged by earlier requests). They all belong to the turn after the
+        // last assistant message.
+        let items = wire.read(list.get(tail..).unwrap_or_default());
+        let at_turn = turn.assistant_turns;
+        for item in &items {
             match &item.kind {
                 Kind::Result {
                     id, output, error, ..
@@ -703,7 +708,8 @@ impl State {
                         log_notes(&v, &turn.session);
                         continue;
                     }
-                    let tool = tool_name(&items, id)
+                    let tool = wire
+                        .call_name(list, id)
                         .map(str::to_owned)
                         .or_else(|| book.tool_of(id).map(str::to_owned));
                     self.record(&v, turn, at_turn, "result", tool.as_deref(), Some(id));
@@ -811,14 +817,6 @@ fn uses_second_chances(engine: &Engine, session: &str) -> bool {
 
 /// The ladder that gives a repeated call a second chance.
 const SECOND_CHANCE_LADDER: &str = "chance_then_break";
-
-/// The tool name of a call id, from the events of a request.
-fn tool_name<'a>(items: &'a [loopguard_transcript::Item], id: &str) -> Option<&'a str> {
-    items.iter().rev().find_map(|i| match &i.kind {
-        Kind::Call { id: c, tool, .. } if c == id => Some(tool.as_str()),
-        _ => None,
-    })
-}
 
 /// The client's `x-request-id`: printable ASCII, at most 128 bytes (anything else is ignored).
 fn request_id(headers: &HeaderMap) -> Option<String> {

@@ -77,6 +77,12 @@ impl Wire {
         }
     }
 
+    /// Whether the conversation of a request body is a Responses `input` given as a string
+    /// (which [`Wire::conversation_mut`] rewrites as a list).
+    pub fn input_is_text(self, body: &Value) -> bool {
+        self == Wire::Responses && body.get("input").is_some_and(Value::is_string)
+    }
+
     /// The conversation of a request body, ready to edit; a Responses `input` given as a string
     /// becomes a list of one user message. `None` when the body has none (or not a list).
     pub fn conversation_mut(self, body: &mut Value) -> Option<&mut Vec<Value>> {
@@ -234,6 +240,30 @@ impl Wire {
                 .into_iter()
                 .collect(),
         }
+    }
+
+    /// The tool name of the call `id`, from the assistant messages of a conversation.
+    pub fn call_name<'a>(self, list: &'a [Value], id: &str) -> Option<&'a str> {
+        let name = |v: &'a Value| v.get("name").and_then(Value::as_str);
+        list.iter().rev().find_map(|m| match self {
+            Wire::Chat => m
+                .get("tool_calls")?
+                .as_array()?
+                .iter()
+                .find(|c| c.get("id").and_then(Value::as_str) == Some(id))?
+                .get("function")
+                .and_then(name),
+            Wire::Messages => m
+                .get("content")?
+                .as_array()?
+                .iter()
+                .find(|b| b.get("id").and_then(Value::as_str) == Some(id))
+                .and_then(name),
+            Wire::Responses => (m.get("call_id").and_then(Value::as_str) == Some(id)
+                && self.classify(m) == Seen::Assistant)
+                .then(|| name(m))
+                .flatten(),
+        })
     }
 
     /// Appends `note` to the result answering `id` in message `m`.
@@ -464,6 +494,8 @@ pub struct Stripped {
     /// The request's last message was a user message holding only commands: it asks the
     /// proxy, not the model, and gets the proxy's reply.
     pub reply_needed: bool,
+    /// Something was taken out of the conversation.
+    pub changed: bool,
 }
 
 /// Strips commands from a user message's content; returns the scan of each text found and
@@ -535,6 +567,7 @@ pub fn strip_commands(wire: Wire, list: &mut Vec<Value>, honour: bool) -> Stripp
         if drop_reply {
             drop_reply = false;
             if wire.is_proxy_reply(&m) {
+                out.changed = true;
                 continue;
             }
         }
@@ -544,6 +577,7 @@ pub fn strip_commands(wire: Wire, list: &mut Vec<Value>, honour: bool) -> Stripp
         {
             let mut scans = Vec::new();
             let left = strip_content(content, &mut scans);
+            out.changed |= !scans.is_empty();
             if i >= tail {
                 for s in scans {
                     out.commands.extend(s.commands);
@@ -578,14 +612,16 @@ pub use loopguard_rules::Nudge as NudgePlacement;
 
 /// Adds nudges to a conversation. `anchored` are (call id, text): the result answering that
 /// call gets the note, in this request and every later one, so the conversation the model sees
-/// stays the same from turn to turn. `loose` notes about no call are added once.
+/// stays the same from turn to turn. `loose` notes about no call are added once. Returns
+/// whether anything was added.
 pub fn apply_nudges(
     wire: Wire,
     list: &mut Vec<Value>,
     anchored: &[(String, String)],
     loose: &[String],
     placement: NudgePlacement,
-) {
+) -> bool {
+    let mut changed = !loose.is_empty();
     let notes_for = |wire: Wire, m: &Value| -> Vec<(String, String)> {
         if wire.classify(m) != Seen::Results {
             return Vec::new();
@@ -602,6 +638,7 @@ pub fn apply_nudges(
             for m in list.iter_mut() {
                 for (id, note) in notes_for(wire, m) {
                     wire.append_to_result(m, &id, &note);
+                    changed = true;
                 }
             }
         }
@@ -610,6 +647,7 @@ pub fn apply_nudges(
                 let notes: Vec<String> = notes_for(wire, m).into_iter().map(|(_, n)| n).collect();
                 if !notes.is_empty() {
                     append_to(m, "content", &notes.join("\n"), "text");
+                    changed = true;
                 }
             }
         }
@@ -621,18 +659,20 @@ pub fn apply_nudges(
                 if !is_result && !pending.is_empty() {
                     out.push(wire.note_message(&pending.join("\n")));
                     pending.clear();
+                    changed = true;
                 }
                 pending.extend(notes_for(wire, &m).into_iter().map(|(_, n)| n));
                 out.push(m);
             }
             if !pending.is_empty() {
                 out.push(wire.note_message(&pending.join("\n")));
+                changed = true;
             }
             *list = out;
         }
     }
     if loose.is_empty() {
-        return;
+        return changed;
     }
     let note = loose.join("\n");
     let last = list.last_mut();
@@ -652,6 +692,7 @@ pub fn apply_nudges(
         }
         _ => list.push(wire.note_message(&note)),
     }
+    changed
 }
 
 #[cfg(test)]
