@@ -350,11 +350,30 @@ fn latency(c: &mut Criterion, s: &Setup) {
 
 // --- many clients at once (the load table) -------------------------------------------------------
 
-/// Every request's latency in a set of runs, and the time the runs took.
+/// CPU time a process has used so far, over all its threads (Linux: `/proc/<pid>/task/*/
+/// schedstat`, nanoseconds on the CPU); `None` elsewhere.
+fn cpu_time(pid: &str) -> Option<Duration> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(Duration::from_nanos(ns))
+}
+
+/// Every request's latency in a set of runs, the time the runs took, and the CPU time the
+/// bench process (clients and upstream) and the proxy used meanwhile.
 #[derive(Default)]
 struct Run {
     latencies: Vec<Duration>,
     wall: Duration,
+    bench_cpu: Duration,
+    proxy_cpu: Duration,
 }
 
 impl Run {
@@ -368,9 +387,20 @@ impl Run {
         self.latencies.len() as f64 / self.wall.as_secs_f64()
     }
 
+    /// CPU microseconds per request: (bench process, proxy).
+    fn cpu_per_request(&self) -> (f64, f64) {
+        let n = self.latencies.len().max(1) as f64;
+        (
+            self.bench_cpu.as_secs_f64() * 1e6 / n,
+            self.proxy_cpu.as_secs_f64() * 1e6 / n,
+        )
+    }
+
     /// `clients` sessions at once, each sending `per_client` requests one after the other.
     fn add(&mut self, s: &Setup, url: &str, stream: bool, per_client: usize, tag: &str) {
         let url: Arc<str> = Arc::from(url);
+        let proxy_pid = s.proxy.child.id().to_string();
+        let cpu_before = (cpu_time("self"), cpu_time(&proxy_pid));
         let (times, wall) = s.rt.block_on(async {
             let start = Instant::now();
             let tasks: Vec<_> = (0..CLIENTS)
@@ -394,6 +424,12 @@ impl Run {
             }
             (times, start.elapsed())
         });
+        if let ((Some(b0), Some(p0)), Some(b1), Some(p1)) =
+            (cpu_before, cpu_time("self"), cpu_time(&proxy_pid))
+        {
+            self.bench_cpu += b1.saturating_sub(b0);
+            self.proxy_cpu += p1.saturating_sub(p0);
+        }
         self.latencies.extend(times);
         self.latencies.sort_unstable();
         self.wall += wall;
@@ -422,6 +458,7 @@ fn load_table(s: &Setup, per_client: usize) {
         "{:<8} {:<9} {:>12} {:>12} {:>12}",
         "", "", "p50", "p99", "requests/s"
     );
+    let mut cpu = Vec::new();
     for stream in [false, true] {
         let kind = if stream { "stream" } else { "plain" };
         // Warm up both ways: connections, pools, the proxy's engine.
@@ -462,6 +499,24 @@ fn load_table(s: &Setup, per_client: usize) {
                 100.0 * (proxied.per_second() / direct.per_second() - 1.0)
             )
         );
+        cpu.push((kind, direct.cpu_per_request(), proxied.cpu_per_request()));
+    }
+    // CPU per request says what the proxy costs whatever else the machine runs: on a machine
+    // the clients, the upstream and the proxy share, throughput through the proxy is at most
+    // (clients + upstream) / (clients + upstream + proxy) of direct.
+    if cpu.iter().any(|(_, d, _)| d.0 > 0.0) {
+        println!(
+            "CPU time per request (µs): clients and upstream (the bench process), and the proxy"
+        );
+        for (kind, d, p) in cpu {
+            println!(
+                "{kind:<8} direct {:>8.1}   proxied {:>8.1} + proxy {:>8.1}   bound {:>4.0}% of direct",
+                d.0,
+                p.0,
+                p.1,
+                100.0 * p.0 / (p.0 + p.1)
+            );
+        }
     }
     println!();
 }

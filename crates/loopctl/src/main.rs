@@ -15,6 +15,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// The allocator of the binary (see the workspace's `Cargo.toml` for why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit code: everything checked is valid / nothing to report.
 pub const EXIT_OK: u8 = 0;
 /// Exit code: the input is invalid (a policy with errors, a malformed transcript).

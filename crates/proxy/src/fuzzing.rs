@@ -50,12 +50,15 @@ fn headers() -> HeaderMap {
 /// A request body as the route of `wire` reads it: parsed, its session found, its commands and
 /// tail events judged, its body rewritten for the upstream.
 pub fn request(wire: Wire, body: &[u8]) {
-    let Ok(mut json @ Value::Object(_)) = serde_json::from_slice::<Value>(body) else {
+    let Ok(mut body) = wire.body(body) else {
         return;
     };
     let Some(state) = state() else { return };
-    if let Prepared::Forward(_) = state.prepare(wire, &headers(), &mut json) {
-        let _ = serde_json::to_vec(&json);
+    if let Prepared::Forward(_) = state.prepare(wire, &headers(), &mut body) {
+        let out = body.to_bytes();
+        // What goes upstream is JSON whenever the proxy wrote it.
+        let parsed = serde_json::from_slice::<Value>(&out);
+        debug_assert!(parsed.is_ok(), "{}", String::from_utf8_lossy(&out));
     }
 }
 
@@ -81,15 +84,16 @@ pub fn stream(wire: Wire, bytes: &[u8], step: usize) {
 
 /// A turn of a fixed conversation, ready to judge the model's answer.
 fn turn(wire: Wire) -> Option<TurnJudge> {
-    let mut json = match wire {
+    let json = match wire {
         Wire::Responses => serde_json::json!({"model": "fuzz", "input": "run the tests"}),
         _ => serde_json::json!({
             "model": "fuzz",
             "messages": [{"role": "user", "content": "run the tests"}],
         }),
     };
+    let mut body = crate::body::Body::from_value(&json, wire.list_key())?;
     let state = state()?;
-    match state.prepare(wire, &headers(), &mut json) {
+    match state.prepare(wire, &headers(), &mut body) {
         Prepared::Forward(turn) => Some(TurnJudge::new(Arc::clone(state), *turn)),
         _ => None,
     }

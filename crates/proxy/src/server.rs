@@ -423,43 +423,24 @@ async fn handle_inner(
             return e.response(wire);
         }
     };
-    let mut json: Value = match serde_json::from_slice(&bytes) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => {
-            return ApiError::invalid_request(
-                "invalid_body",
-                "the request body must be a JSON object",
-            )
-            .response(wire);
-        }
-        Err(e) => {
-            return ApiError::invalid_request(
-                "invalid_json",
-                format!("the request body is not valid JSON: {e}"),
-            )
-            .response(wire);
-        }
+    let mut body = match wire.body(&bytes) {
+        Ok(b) => b,
+        Err(e) => return ApiError::invalid_request("invalid_json", e.0).response(wire),
     };
-    let turn = match judging(state, || state.prepare(wire, headers, &mut json)) {
+    let turn = match judging(state, || state.prepare(wire, headers, &mut body)) {
         Prepared::Fail(e) => return e.response(wire),
         Prepared::Reply(turn, text) => return reply(state, &turn, &text),
         Prepared::Forward(turn) => *turn,
     };
     tracing::debug!(session = ?turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, format = wire.name(), "forwarding");
     let deadline = Deadline::now() + state.options.timeout;
-    let body = if turn.body_changed {
-        match serde_json::to_vec(&json) {
-            Ok(b) => Bytes::from(b),
-            Err(e) => {
-                judging(state, || state.settle_turn(&turn));
-                return ApiError::invalid_request("invalid_body", e.to_string()).response(wire);
-            }
-        }
+    let sent = if turn.body_changed {
+        Bytes::from(body.to_bytes())
     } else {
         // Nothing changed: the upstream gets the client's bytes.
-        bytes
+        bytes.clone()
     };
-    let resp = match send(state, wire, headers, body, deadline).await {
+    let resp = match send(state, wire, headers, sent.clone(), deadline).await {
         Ok(r) => r,
         Err(e) => {
             judging(state, || state.settle_turn(&turn));
@@ -471,14 +452,15 @@ async fn handle_inner(
         return pass_error(state, wire, resp, deadline).await;
     }
     let judge = TurnJudge::new(Arc::clone(state), turn);
+    // What a second chance asks the upstream again with: the request as it was sent.
+    let retry = Retry {
+        request: sent,
+        headers: headers.clone(),
+    };
     if is_sse(&resp) {
-        let retry = Retry {
-            request: json,
-            headers: headers.clone(),
-        };
         return stream(state, wire, resp, judge, retry, started).await;
     }
-    plain(state, wire, resp, judge, &json, headers, deadline).await
+    plain(state, wire, resp, judge, &retry, deadline).await
 }
 
 /// A whole (non-streamed) response, judged and rewritten; with a second chance when its lone
@@ -488,8 +470,7 @@ async fn plain(
     wire: Wire,
     resp: reqwest::Response,
     mut judge: TurnJudge,
-    request: &Value,
-    client_headers: &HeaderMap,
+    retry: &Retry,
     deadline: Deadline,
 ) -> Response {
     let status = resp.status();
@@ -510,8 +491,11 @@ async fn plain(
         // chance_then_break: the repeated call is withheld; the upstream hears that it failed
         // and is asked once more, within this request. Its second answer goes to the client as
         // if it were the first (the same call again is refused by the ladder's next step).
-        let again = match wire.retry(request, &value, &call, &guidance) {
-            Some(body) => second_answer(state, wire, client_headers, &body, deadline).await,
+        let again = match retry
+            .request()
+            .and_then(|request| wire.retry(&request, &value, &call, &guidance))
+        {
+            Some(body) => second_answer(state, wire, &retry.headers, &body, deadline).await,
             None => None,
         };
         match again {
@@ -627,11 +611,19 @@ enum Piece {
     Stop(ApiError),
 }
 
-/// What a streamed turn needs to ask the upstream again.
+/// What a turn needs to ask the upstream again: the request as it was sent, and the client's
+/// headers.
 #[derive(Debug)]
 struct Retry {
-    request: Value,
+    request: Bytes,
     headers: HeaderMap,
+}
+
+impl Retry {
+    /// The request as a value (parsed only when a second chance is given).
+    fn request(&self) -> Option<Value> {
+        serde_json::from_slice(&self.request).ok()
+    }
 }
 
 /// A streamed response. Nothing is sent until the stream has something the client must see
@@ -745,9 +737,10 @@ async fn pump(
         let Some((call, guidance)) = rw.judge().second_chance() else {
             return;
         };
-        let again = rw
-            .answer()
-            .and_then(|answer| wire.retry(&retry.request, &answer, &call, &guidance));
+        let again = match (rw.answer(), retry.request()) {
+            (Some(answer), Some(request)) => wire.retry(&request, &answer, &call, &guidance),
+            _ => None,
+        };
         let deadline = Deadline::now() + state.options.timeout;
         let next = match again {
             Some(body) => match serde_json::to_vec(&body) {

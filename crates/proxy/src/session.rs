@@ -23,9 +23,9 @@
 //! prompts they send.
 
 use axum::http::HeaderMap;
-use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::body::Body;
 use crate::wire::Wire;
 
 /// The session header.
@@ -67,7 +67,7 @@ pub fn caller(headers: &HeaderMap, seed: u64) -> String {
 pub fn identify(
     headers: &HeaderMap,
     wire: Wire,
-    body: &Value,
+    body: &mut Body<'_>,
     continued: impl FnOnce(&str) -> Option<String>,
 ) -> String {
     if let Some(v) = headers.get(HEADER).and_then(|v| v.to_str().ok()) {
@@ -80,7 +80,7 @@ pub fn identify(
         return bounded(kind, &v);
     }
     if let Some(prev) = wire.previous_response(body) {
-        return continued(prev).unwrap_or_else(|| bounded("resp", prev));
+        return continued(&prev).unwrap_or_else(|| bounded("resp", &prev));
     }
     format!("conv:{:016x}", xxh3_64(wire.opening(body).as_bytes()))
 }
@@ -98,7 +98,7 @@ pub fn bounded(prefix: &str, v: &str) -> String {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn body(extra: &[Value]) -> Value {
         let mut messages = vec![
@@ -110,7 +110,8 @@ mod tests {
     }
 
     fn id(h: &HeaderMap, b: &Value) -> String {
-        identify(h, Wire::Chat, b, |_| None)
+        let mut body = Body::from_value(b, "messages").unwrap();
+        identify(h, Wire::Chat, &mut body, |_| None)
     }
 
     #[test]
@@ -158,11 +159,17 @@ mod tests {
     #[test]
     fn a_continued_response_names_its_session() {
         let b = json!({"previous_response_id": "resp_9", "input": []});
+        let mut b = Body::from_value(&b, "input").unwrap();
         let h = HeaderMap::new();
         assert_eq!(
-            identify(&h, Wire::Responses, &b, |p| Some(format!("conv:of-{p}"))),
+            identify(&h, Wire::Responses, &mut b, |p| Some(format!(
+                "conv:of-{p}"
+            ))),
             "conv:of-resp_9"
         );
-        assert_eq!(identify(&h, Wire::Responses, &b, |_| None), "resp:resp_9");
+        assert_eq!(
+            identify(&h, Wire::Responses, &mut b, |_| None),
+            "resp:resp_9"
+        );
     }
 }

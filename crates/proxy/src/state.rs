@@ -13,6 +13,7 @@ use loopguard_transcript::Kind;
 use serde_json::{Value, json};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::body::{Body, Messages};
 use crate::commands;
 use crate::error::ApiError;
 use crate::judge::{CallIn, Intervention, Judge, Judged};
@@ -527,7 +528,7 @@ impl State {
     /// The session of a request: the `X-Session-Id` header, else the client's own name for
     /// the conversation, else the session of the stored response it continues, else a hash of
     /// its opening; always scoped to the caller's credential.
-    fn identify(&self, wire: Wire, headers: &HeaderMap, body: &Value) -> String {
+    fn identify(&self, wire: Wire, headers: &HeaderMap, body: &mut Body<'_>) -> String {
         let caller = session::caller(headers, self.seed.load(Ordering::Relaxed));
         let id = session::identify(headers, wire, body, |prev| {
             self.alias(&format!("{caller}/{prev}"))
@@ -536,8 +537,8 @@ impl State {
     }
 
     /// Reads a request of any wire format: session, commands, tail events, nudges. Rewrites
-    /// `body` into what goes upstream.
-    pub fn prepare(&self, wire: Wire, headers: &HeaderMap, body: &mut Value) -> Prepared {
+    /// `body` into what goes upstream (see [`Turn::body_changed`]).
+    pub fn prepare(&self, wire: Wire, headers: &HeaderMap, body: &mut Body<'_>) -> Prepared {
         let session = self.identify(wire, headers, body);
         let honour = match &self.options.chat_commands {
             crate::ChatCommands::Off => false,
@@ -547,14 +548,14 @@ impl State {
                     .contains(&session::key_hash(k, self.command_seed))
             }),
         };
-        let model = wire.model(body).map(str::to_owned);
+        let model = wire.model(body);
         let stream = wire.wants_stream(body);
-        let previous = wire.previous_response(body).map(str::to_owned);
-        let stored = wire == Wire::Responses && wire::responses::stored(body);
-        let mut body_changed = wire.input_is_text(body);
+        let previous = wire.previous_response(body);
+        let stored =
+            wire == Wire::Responses && body.get("store").and_then(Value::as_bool) != Some(false);
         let guard = self.guard();
         let engine = Arc::clone(&guard.engine);
-        let Some(list) = wire.conversation_mut(body) else {
+        let Some(msgs) = body.messages.as_mut() else {
             return Prepared::Fail(ApiError::invalid_request(
                 "invalid_messages",
                 match wire {
@@ -564,17 +565,15 @@ impl State {
             ));
         };
         let request_id = request_id(headers).unwrap_or_else(|| format!("lg-{}", self.next_id()));
-        let stripped = wire::strip_commands(wire, list, honour);
-        body_changed |= stripped.changed;
+        let stripped = wire::strip_commands(wire, msgs, honour);
         let now = now_ms();
         let book_ref = self.book(&session, &engine);
         let mut book = lock(&book_ref);
         self.sync(&session, &engine, &mut book);
         book.last_ms = now;
         engine.set_session_target(&session, None, model.as_deref());
-        let in_request = list
-            .iter()
-            .filter(|m| wire.classify(m) == Seen::Assistant)
+        let in_request = (0..msgs.len())
+            .filter(|&i| wire.seen(msgs, i) == Seen::Assistant)
             .count() as u64;
         let assistant_turns = if previous.is_some() {
             book.turns.max(in_request)
@@ -593,7 +592,7 @@ impl State {
             assistant_turns,
             stored,
             second_chances,
-            body_changed,
+            body_changed: false,
         });
         let ladders = guard.ladders();
         if !stripped.errors.is_empty() {
@@ -622,23 +621,17 @@ impl State {
                 }
             }
         }
-        let list = match wire.conversation_mut(body) {
-            Some(l) => l,
-            None => return Prepared::Fail(ApiError::invalid_request("invalid_messages", "")),
-        };
         if let Some(prev) = &previous {
             // Calls of the continued response that the client never saw are answered here.
             let withheld = book.take_withheld(prev);
             if !withheld.is_empty() {
                 book.dirty = true;
-                turn.body_changed = true;
-                let outputs = withheld
-                    .iter()
-                    .map(|(call, note)| wire::responses::withheld_output(call, note));
-                list.splice(0..0, outputs);
+                for (call, note) in withheld.iter().rev() {
+                    msgs.insert(0, wire::responses::withheld_output(call, note));
+                }
             }
         }
-        if let Err(e) = self.observe_tail(&turn, &mut book, list, now) {
+        if let Err(e) = self.observe_tail(&turn, &mut book, msgs, now) {
             self.settle(&turn.session, &engine, &mut book);
             return Prepared::Fail(*e);
         }
@@ -651,7 +644,8 @@ impl State {
             .options
             .nudge
             .unwrap_or(engine.session_rules(&turn.session).config().nudge);
-        turn.body_changed |= wire::apply_nudges(wire, list, &anchored, &loose, placement);
+        wire::apply_nudges(wire, msgs, &anchored, &loose, placement);
+        turn.body_changed = body.changed();
         Prepared::Forward(turn)
     }
 
@@ -660,19 +654,15 @@ impl State {
         &self,
         turn: &Turn,
         book: &mut Book,
-        list: &[Value],
+        msgs: &mut Messages<'_>,
         now: u64,
     ) -> Result<(), Box<ApiError>> {
         let wire = turn.wire;
-        let tail = wire::tail_start(wire, list);
+        let tail = wire::tail_start(wire, msgs);
+        let tail_values = msgs.values(tail);
         // A retried request has the same tail at the same place; a user who says the same
         // thing again says it further down the conversation.
-        let text: String = list
-            .get(tail..)
-            .unwrap_or_default()
-            .iter()
-            .map(Value::to_string)
-            .collect();
+        let text: String = tail_values.iter().map(Value::to_string).collect();
         let hash = xxh3_64(format!("{tail}\u{1e}{text}").as_bytes());
         let repeated = book.tail_hash == Some(hash);
         if book.tail_hash != Some(hash) {
@@ -682,7 +672,7 @@ impl State {
         // The tail's events, read as `loopctl simulate` reads them (the tail alone: what came
         // before it was judged by earlier requests). They all belong to the turn after the
         // last assistant message.
-        let items = wire.read(list.get(tail..).unwrap_or_default());
+        let items = wire.read(&tail_values);
         let at_turn = turn.assistant_turns;
         for item in &items {
             match &item.kind {
@@ -709,8 +699,7 @@ impl State {
                         continue;
                     }
                     let tool = wire
-                        .call_name(list, id)
-                        .map(str::to_owned)
+                        .call_name(msgs, id)
                         .or_else(|| book.tool_of(id).map(str::to_owned));
                     self.record(&v, turn, at_turn, "result", tool.as_deref(), Some(id));
                     if v.action == Action::Terminate {
@@ -1259,8 +1248,17 @@ mod tests {
         json!({"model": "m", "messages": messages})
     }
 
+    /// Prepares a request given as a value; `body` becomes what goes upstream.
+    fn prep(s: &State, wire: Wire, h: &HeaderMap, body: &mut Value) -> Prepared {
+        let text = serde_json::to_vec(&*body).unwrap();
+        let mut lazy = Body::parse(&text, wire.list_key()).unwrap();
+        let out = s.prepare(wire, h, &mut lazy);
+        *body = serde_json::from_slice(&lazy.to_bytes()).unwrap();
+        out
+    }
+
     fn judge(s: &Arc<State>, body: &mut Value) -> TurnJudge {
-        match s.prepare(Wire::Chat, &HeaderMap::new(), body) {
+        match prep(s, Wire::Chat, &HeaderMap::new(), body) {
             Prepared::Forward(turn) => TurnJudge::new(Arc::clone(s), *turn),
             other => panic!("{other:?}"),
         }
@@ -1299,7 +1297,7 @@ mod tests {
         );
         // The warned call's result carries the nudge in the request after it.
         let mut body = request(history);
-        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
+        let _ = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body);
         let c3 = body["messages"]
             .as_array()
             .unwrap()
@@ -1327,7 +1325,7 @@ mod tests {
         let mut body = request(history);
         body["model"] = json!(model);
         body["user"] = json!(model);
-        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
+        let _ = prep(s, Wire::Chat, &HeaderMap::new(), &mut body);
         body["messages"].as_array().unwrap().clone()
     }
 
@@ -1372,7 +1370,7 @@ mod tests {
         ];
         for _ in 0..3 {
             let mut body = request(history.clone());
-            let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
+            let _ = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body);
         }
         assert_eq!(
             s.metrics
@@ -1389,8 +1387,7 @@ mod tests {
         let s = state(NudgePlacement::System);
         let mut body =
             json!({"messages": [{"role": "user", "content": "!/set(tool-loop-max-repeats=5)"}]});
-        let Prepared::Reply(turn, text) = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body)
-        else {
+        let Prepared::Reply(turn, text) = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body) else {
             panic!("a pure command is answered by the proxy")
         };
         assert!(text.contains("tool-loop-max-repeats=5"), "{text}");
@@ -1400,7 +1397,7 @@ mod tests {
         );
         let mut body =
             json!({"messages": [{"role": "user", "content": "!/set(tool-loop-mode=nope)"}]});
-        let Prepared::Reply(_, text) = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body) else {
+        let Prepared::Reply(_, text) = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body) else {
             panic!("an invalid command is answered by the proxy")
         };
         assert!(text.contains("expected one of"), "{text}");
@@ -1427,7 +1424,7 @@ mod tests {
             json!({"role": "assistant", "tool_calls": [{"id": "r1", "function": {"name": "read"}}]}),
             json!({"role": "tool", "tool_call_id": "r1", "content": "data"}),
         ]);
-        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
+        let _ = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body);
         assert_eq!(
             body["messages"][2]["content"],
             "data\n\n[loopguard] refused bash"
@@ -1447,10 +1444,10 @@ mod tests {
         }
         // A retry of the first request changes nothing: the 3rd call would be warned.
         let mut body = json!({"messages": [go]});
-        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
+        let _ = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body);
         let history = json!([go, {"role": "assistant", "content": "Shall I go on?"}, go]);
         let mut body = json!({"messages": history});
-        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
+        let _ = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body);
         let _ = j.judge("", &[call("c3")]);
         let warned = s.metrics.render(0).contains("action=\"warn\"");
         assert!(!warned, "the 2nd `go` restarted the counts");
@@ -1464,7 +1461,7 @@ mod tests {
         let s = state(NudgePlacement::Context);
         let mut body =
             json!({"messages": [{"role": "user", "content": "!/set(tool-loop-mode=break)"}]});
-        let Prepared::Reply(turn, _) = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body) else {
+        let Prepared::Reply(turn, _) = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body) else {
             panic!("a command is answered by the proxy")
         };
         assert_eq!(s.evict_idle(now_ms()), 0);
@@ -1478,7 +1475,7 @@ mod tests {
     fn idle_sessions_are_evicted() {
         let s = state(NudgePlacement::Context);
         let mut body = request(vec![]);
-        let _ = s.prepare(Wire::Chat, &HeaderMap::new(), &mut body);
+        let _ = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body);
         assert_eq!(s.session_count(), 1);
         assert_eq!(s.evict_idle(now_ms()), 0);
         let later = now_ms() + Duration::from_secs(7200).as_millis() as u64;
@@ -1514,7 +1511,7 @@ mod tests {
                 // never saw: the proxy answers it.
                 body["input"] = json!([{"role": "user", "content": "go on"}]);
             }
-            let Prepared::Forward(turn) = s.prepare(Wire::Responses, &headers, &mut body) else {
+            let Prepared::Forward(turn) = prep(&s, Wire::Responses, &headers, &mut body) else {
                 panic!()
             };
             if refused_at.is_some() {
@@ -1527,13 +1524,11 @@ mod tests {
                         .unwrap()
                         .contains("refused bash")
                 );
+                let mut probe =
+                    Body::from_value(&json!({"previous_response_id": "resp_1"}), "input").unwrap();
                 assert_eq!(
                     turn.session,
-                    s.identify(
-                        Wire::Responses,
-                        &headers,
-                        &json!({"previous_response_id": "resp_1"})
-                    )
+                    s.identify(Wire::Responses, &headers, &mut probe)
                 );
                 break;
             }

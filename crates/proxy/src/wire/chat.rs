@@ -306,8 +306,12 @@ impl<J: Judge> Stream<J> {
             out.push(ev.raw);
             return;
         };
-        self.envelope = chunk.clone();
-        self.envelope.remove("usage");
+        if self.envelope.is_empty() {
+            // The chunks' envelope (id, object, created, model) is the same in every chunk of
+            // a stream: kept once, for the chunks the proxy writes.
+            self.envelope = chunk.clone();
+            self.envelope.remove("usage");
+        }
         let mut modified = false;
         let mut pre = Vec::new();
         let mut kept = Vec::with_capacity(choices.len());

@@ -20,6 +20,7 @@ use loopguard_transcript::Item;
 use loopguard_transcript::messages::Mode;
 use serde_json::{Value, json};
 
+use crate::body::{Body, Messages, Peek};
 use crate::commands::{self, Command};
 use crate::judge::{CallIn, Intervention, Judge};
 
@@ -70,36 +71,16 @@ impl Wire {
     }
 
     /// The key of the conversation in a request body.
-    fn list_key(self) -> &'static str {
+    pub fn list_key(self) -> &'static str {
         match self {
             Wire::Chat | Wire::Messages => "messages",
             Wire::Responses => "input",
         }
     }
 
-    /// Whether the conversation of a request body is a Responses `input` given as a string
-    /// (which [`Wire::conversation_mut`] rewrites as a list).
-    pub fn input_is_text(self, body: &Value) -> bool {
-        self == Wire::Responses && body.get("input").is_some_and(Value::is_string)
-    }
-
-    /// The conversation of a request body, ready to edit; a Responses `input` given as a string
-    /// becomes a list of one user message. `None` when the body has none (or not a list).
-    pub fn conversation_mut(self, body: &mut Value) -> Option<&mut Vec<Value>> {
-        let key = self.list_key();
-        let obj = body.as_object_mut()?;
-        if self == Wire::Responses
-            && let Some(Value::String(s)) = obj.get(key)
-        {
-            let text = s.clone();
-            obj.insert(key.to_owned(), json!([{"role": "user", "content": text}]));
-        }
-        obj.get_mut(key)?.as_array_mut()
-    }
-
-    /// The conversation of a request body (`None`: none, or not a list).
-    pub fn conversation(self, body: &Value) -> Option<&Vec<Value>> {
-        body.get(self.list_key())?.as_array()
+    /// A request body of this format, read lazily (see [`crate::body`]).
+    pub fn body(self, bytes: &[u8]) -> Result<Body<'_>, crate::body::NotAnObject> {
+        Body::parse(bytes, self.list_key())
     }
 
     /// The conversation read into events, leniently (each event's `line` is its message's
@@ -120,19 +101,19 @@ impl Wire {
     }
 
     /// The model a request names.
-    pub fn model(self, body: &Value) -> Option<&str> {
-        body.get("model").and_then(Value::as_str)
+    pub fn model(self, body: &mut Body<'_>) -> Option<String> {
+        body.text("model")
     }
 
     /// Whether the request asks for a stream.
-    pub fn wants_stream(self, body: &Value) -> bool {
+    pub fn wants_stream(self, body: &mut Body<'_>) -> bool {
         body.get("stream").and_then(Value::as_bool) == Some(true)
     }
 
     /// The client's own name for the conversation or its end user, when the request carries
     /// one: chat's `user`, Anthropic's `metadata.user_id`, a Responses `conversation` or
     /// `user`. Used for the session when there is no `X-Session-Id` header.
-    pub fn session_hint(self, body: &Value) -> Option<(&'static str, String)> {
+    pub fn session_hint(self, body: &mut Body<'_>) -> Option<(&'static str, String)> {
         let text = |v: Option<&Value>| {
             v.and_then(Value::as_str)
                 .map(str::trim)
@@ -155,19 +136,16 @@ impl Wire {
     }
 
     /// The stored response a Responses request continues (`previous_response_id`).
-    pub fn previous_response(self, body: &Value) -> Option<&str> {
+    pub fn previous_response(self, body: &mut Body<'_>) -> Option<String> {
         match self {
-            Wire::Responses => body
-                .get("previous_response_id")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty()),
+            Wire::Responses => body.text("previous_response_id").filter(|s| !s.is_empty()),
             _ => None,
         }
     }
 
     /// What opens a conversation and stays as it grows: the system prompt and the first
     /// person's message, as text for a hash that names the session when nothing else does.
-    pub fn opening(self, body: &Value) -> String {
+    pub fn opening(self, body: &mut Body<'_>) -> String {
         let mut text = String::new();
         let mut add = |role: &str, v: Option<&Value>| {
             // `serde_json` maps keep their keys sorted, so equal content prints equally.
@@ -181,23 +159,22 @@ impl Wire {
             Wire::Responses => add("instructions", body.get("instructions")),
             Wire::Chat => {}
         }
-        if let Some(Value::String(s)) = body.get("input") {
-            add("user", Some(&Value::String(s.clone())));
-            return text;
-        }
-        for m in self.conversation(body).into_iter().flatten() {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-            add(role, m.get("content"));
-            if role != "system" && role != "developer" {
-                break;
+        if let Some(msgs) = body.messages.as_mut() {
+            for i in 0..msgs.len() {
+                let Some(m) = msgs.get(i) else { break };
+                let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+                add(role, m.get("content"));
+                if role != "system" && role != "developer" {
+                    break;
+                }
             }
         }
         text
     }
 
-    /// How the proxy sees a message of the conversation.
-    pub fn classify(self, m: &Value) -> Seen {
-        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+    /// How the proxy sees a message of the conversation, from its peek.
+    pub fn classify(self, p: &Peek) -> Seen {
+        let role = p.role.as_deref().unwrap_or_default();
         match self {
             Wire::Chat => match role {
                 "user" => Seen::Person,
@@ -206,23 +183,27 @@ impl Wire {
                 _ => Seen::Other,
             },
             Wire::Messages => match role {
-                "user" if messages::has_results(m) => Seen::Results,
+                "user" if p.has_results => Seen::Results,
                 "user" => Seen::Person,
                 "assistant" => Seen::Assistant,
                 _ => Seen::Other,
             },
-            Wire::Responses => {
-                if loopguard_transcript::messages::is_assistant(m) {
-                    Seen::Assistant
-                } else if responses::is_output(m) {
-                    Seen::Results
-                } else if role == "user" {
-                    Seen::Person
-                } else {
-                    Seen::Other
-                }
-            }
+            Wire::Responses => match p.kind.as_deref() {
+                None | Some("message") => match role {
+                    "assistant" => Seen::Assistant,
+                    "user" => Seen::Person,
+                    _ => Seen::Other,
+                },
+                Some(t) if responses::OUTPUTS.contains(&t) => Seen::Results,
+                Some(t) if responses::ASSISTANT_SIDE.contains(&t) => Seen::Assistant,
+                Some(_) => Seen::Other,
+            },
         }
+    }
+
+    /// How the proxy sees message `i`.
+    pub fn seen(self, msgs: &mut Messages<'_>, i: usize) -> Seen {
+        self.classify(&msgs.peek(i))
     }
 
     /// The call ids a results message answers.
@@ -243,27 +224,41 @@ impl Wire {
     }
 
     /// The tool name of the call `id`, from the assistant messages of a conversation.
-    pub fn call_name<'a>(self, list: &'a [Value], id: &str) -> Option<&'a str> {
-        let name = |v: &'a Value| v.get("name").and_then(Value::as_str);
-        list.iter().rev().find_map(|m| match self {
-            Wire::Chat => m
-                .get("tool_calls")?
-                .as_array()?
-                .iter()
-                .find(|c| c.get("id").and_then(Value::as_str) == Some(id))?
-                .get("function")
-                .and_then(name),
-            Wire::Messages => m
-                .get("content")?
-                .as_array()?
-                .iter()
-                .find(|b| b.get("id").and_then(Value::as_str) == Some(id))
-                .and_then(name),
-            Wire::Responses => (m.get("call_id").and_then(Value::as_str) == Some(id)
-                && self.classify(m) == Seen::Assistant)
-                .then(|| name(m))
-                .flatten(),
-        })
+    pub fn call_name(self, msgs: &mut Messages<'_>, id: &str) -> Option<String> {
+        let name = |v: &Value| v.get("name").and_then(Value::as_str).map(str::to_owned);
+        for i in (0..msgs.len()).rev() {
+            if self.seen(msgs, i) != Seen::Assistant || msgs.raw(i).is_some_and(|r| !r.contains(id))
+            {
+                continue;
+            }
+            let Some(m) = msgs.get(i) else { continue };
+            let found = match self {
+                Wire::Chat => m
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .and_then(|c| {
+                        c.iter()
+                            .find(|c| c.get("id").and_then(Value::as_str) == Some(id))
+                    })
+                    .and_then(|c| c.get("function"))
+                    .and_then(name),
+                Wire::Messages => m
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .and_then(|b| {
+                        b.iter()
+                            .find(|b| b.get("id").and_then(Value::as_str) == Some(id))
+                    })
+                    .and_then(name),
+                Wire::Responses => (m.get("call_id").and_then(Value::as_str) == Some(id))
+                    .then(|| name(m))
+                    .flatten(),
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
     }
 
     /// Appends `note` to the result answering `id` in message `m`.
@@ -292,21 +287,18 @@ impl Wire {
         }
     }
 
-    /// Whether `m` is the proxy's own reply (an assistant message starting with [`MARK`] and
-    /// calling nothing).
-    fn is_proxy_reply(self, m: &Value) -> bool {
-        if self.classify(m) != Seen::Assistant {
+    /// Whether message `i` is the proxy's own reply (an assistant message starting with
+    /// [`MARK`] and calling nothing).
+    fn is_proxy_reply(self, msgs: &mut Messages<'_>, i: usize) -> bool {
+        let p = msgs.peek(i);
+        if self.classify(&p) != Seen::Assistant || p.has_tool_calls || p.has_calls {
             return false;
         }
-        let calls = match self {
-            Wire::Chat => m.get("tool_calls").is_some_and(|v| !v.is_null()),
-            Wire::Messages => messages::has_calls(m),
-            Wire::Responses => m
-                .get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t != "message"),
-        };
-        !calls && text_of(m.get("content")).starts_with(MARK)
+        if self == Wire::Responses && p.kind.as_deref().is_some_and(|t| t != "message") {
+            return false;
+        }
+        msgs.get(i)
+            .is_some_and(|m| text_of(m.get("content")).starts_with(MARK))
     }
 
     /// Judges a whole response and rewrites it for the client: see each format's `rewrite`.
@@ -533,9 +525,10 @@ fn strip_content(content: &mut Value, scans: &mut Vec<commands::Scan>) -> bool {
 
 /// The position where the tail starts: the messages after the last one the model wrote
 /// (what is new since the proxy last answered).
-pub fn tail_start(wire: Wire, list: &[Value]) -> usize {
-    list.iter()
-        .rposition(|m| wire.classify(m) == Seen::Assistant)
+pub fn tail_start(wire: Wire, msgs: &mut Messages<'_>) -> usize {
+    (0..msgs.len())
+        .rev()
+        .find(|&i| wire.seen(msgs, i) == Seen::Assistant)
         .map_or(0, |i| i + 1)
 }
 
@@ -549,52 +542,62 @@ pub fn tail_start(wire: Wire, list: &[Value]) -> usize {
 /// (or tool results with text beside them) is the host's — a framework's observation, pasted
 /// tool output, a "continue" prompt — and is left as it is. Without `honour` (commands not
 /// allowed for this caller) nothing is read or stripped: the text goes to the model as
-/// written.
-pub fn strip_commands(wire: Wire, list: &mut Vec<Value>, honour: bool) -> Stripped {
+/// written. Only messages holding `!/` are parsed.
+pub fn strip_commands(wire: Wire, msgs: &mut Messages<'_>, honour: bool) -> Stripped {
     let mut out = Stripped::default();
     if !honour {
         return out;
     }
-    let tail = tail_start(wire, list);
-    let mut kept = Vec::with_capacity(list.len());
-    let last = list.len().saturating_sub(1);
+    let tail = tail_start(wire, msgs);
+    let n = msgs.len();
+    let mut drop = Vec::new();
     let mut drop_reply = false;
     let mut after_results = false;
-    for (i, mut m) in std::mem::take(list).into_iter().enumerate() {
-        let seen = wire.classify(&m);
+    for i in 0..n {
+        let seen = wire.seen(msgs, i);
         let hosts = after_results;
         after_results = seen == Seen::Results;
         if drop_reply {
             drop_reply = false;
-            if wire.is_proxy_reply(&m) {
-                out.changed = true;
+            if wire.is_proxy_reply(msgs, i) {
+                drop.push(i);
                 continue;
             }
         }
-        if seen == Seen::Person
-            && !hosts
-            && let Some(content) = m.get_mut("content")
-        {
-            let mut scans = Vec::new();
-            let left = strip_content(content, &mut scans);
-            out.changed |= !scans.is_empty();
-            if i >= tail {
-                for s in scans {
-                    out.commands.extend(s.commands);
-                    out.errors.extend(s.errors);
-                }
-            }
-            if !left {
-                drop_reply = true;
-                if i == last {
-                    out.reply_needed = true;
-                }
-                continue;
+        if seen != Seen::Person || hosts || msgs.raw(i).is_some_and(|r| !r.contains("!/")) {
+            continue;
+        }
+        let mut scans = Vec::new();
+        let has = msgs
+            .get(i)
+            .and_then(|m| m.get("content"))
+            .is_some_and(|c| text_of(Some(c)).contains("!/"));
+        if !has {
+            continue;
+        }
+        let Some(content) = msgs.get_mut(i).and_then(|m| m.get_mut("content")) else {
+            continue;
+        };
+        let left = strip_content(content, &mut scans);
+        out.changed |= !scans.is_empty();
+        if i >= tail {
+            for s in scans {
+                out.commands.extend(s.commands);
+                out.errors.extend(s.errors);
             }
         }
-        kept.push(m);
+        if !left {
+            drop.push(i);
+            drop_reply = true;
+            if i + 1 == n {
+                out.reply_needed = true;
+            }
+        }
     }
-    *list = kept;
+    for &i in drop.iter().rev() {
+        msgs.remove(i);
+        out.changed = true;
+    }
     out
 }
 
@@ -613,84 +616,106 @@ pub use loopguard_rules::Nudge as NudgePlacement;
 /// Adds nudges to a conversation. `anchored` are (call id, text): the result answering that
 /// call gets the note, in this request and every later one, so the conversation the model sees
 /// stays the same from turn to turn. `loose` notes about no call are added once. Returns
-/// whether anything was added.
+/// whether anything was added. Only results whose text names an anchored call are parsed.
 pub fn apply_nudges(
     wire: Wire,
-    list: &mut Vec<Value>,
+    msgs: &mut Messages<'_>,
     anchored: &[(String, String)],
     loose: &[String],
     placement: NudgePlacement,
 ) -> bool {
     let mut changed = !loose.is_empty();
-    let notes_for = |wire: Wire, m: &Value| -> Vec<(String, String)> {
-        if wire.classify(m) != Seen::Results {
-            return Vec::new();
+    // (position, notes) of every result message with anchored notes.
+    let mut found: Vec<(usize, Vec<(String, String)>)> = Vec::new();
+    if !anchored.is_empty() {
+        for i in 0..msgs.len() {
+            if wire.seen(msgs, i) != Seen::Results {
+                continue;
+            }
+            if let Some(raw) = msgs.raw(i)
+                && !anchored.iter().any(|(id, _)| raw.contains(id.as_str()))
+            {
+                continue;
+            }
+            let Some(m) = msgs.get(i) else { continue };
+            let ids = wire.result_ids(m);
+            let notes: Vec<(String, String)> = anchored
+                .iter()
+                .filter(|(a, _)| ids.contains(&a.as_str()))
+                .cloned()
+                .collect();
+            if !notes.is_empty() {
+                found.push((i, notes));
+            }
         }
-        let ids = wire.result_ids(m);
-        anchored
-            .iter()
-            .filter(|(a, _)| ids.contains(&a.as_str()))
-            .cloned()
-            .collect()
-    };
+    }
+    changed |= !found.is_empty();
     match placement {
         NudgePlacement::Context => {
-            for m in list.iter_mut() {
-                for (id, note) in notes_for(wire, m) {
-                    wire.append_to_result(m, &id, &note);
-                    changed = true;
+            for (i, notes) in &found {
+                if let Some(m) = msgs.get_mut(*i) {
+                    for (id, note) in notes {
+                        wire.append_to_result(m, id, note);
+                    }
                 }
             }
         }
         NudgePlacement::System if wire == Wire::Messages => {
-            for m in list.iter_mut() {
-                let notes: Vec<String> = notes_for(wire, m).into_iter().map(|(_, n)| n).collect();
-                if !notes.is_empty() {
-                    append_to(m, "content", &notes.join("\n"), "text");
-                    changed = true;
+            for (i, notes) in &found {
+                let text: Vec<&str> = notes.iter().map(|(_, n)| n.as_str()).collect();
+                if let Some(m) = msgs.get_mut(*i) {
+                    append_to(m, "content", &text.join("\n"), "text");
                 }
             }
         }
         NudgePlacement::System => {
-            let mut out = Vec::with_capacity(list.len() + 1);
-            let mut pending: Vec<String> = Vec::new();
-            for m in std::mem::take(list) {
-                let is_result = wire.classify(&m) == Seen::Results;
-                if !is_result && !pending.is_empty() {
-                    out.push(wire.note_message(&pending.join("\n")));
-                    pending.clear();
-                    changed = true;
+            // A note after each run of results that holds anchored ones, from the last run
+            // back (so earlier positions stay valid).
+            let mut runs: Vec<(usize, Vec<String>)> = Vec::new();
+            for (i, notes) in found {
+                let mut end = i + 1;
+                while end < msgs.len() && wire.seen(msgs, end) == Seen::Results {
+                    end += 1;
                 }
-                pending.extend(notes_for(wire, &m).into_iter().map(|(_, n)| n));
-                out.push(m);
+                let texts = notes.into_iter().map(|(_, n)| n);
+                match runs.last_mut() {
+                    Some((e, t)) if *e == end => t.extend(texts),
+                    _ => runs.push((end, texts.collect())),
+                }
             }
-            if !pending.is_empty() {
-                out.push(wire.note_message(&pending.join("\n")));
-                changed = true;
+            for (end, texts) in runs.into_iter().rev() {
+                msgs.insert(end, wire.note_message(&texts.join("\n")));
             }
-            *list = out;
         }
     }
     if loose.is_empty() {
         return changed;
     }
     let note = loose.join("\n");
-    let last = list.last_mut();
-    match last {
-        Some(m) if placement == NudgePlacement::Context || wire == Wire::Messages => {
-            match wire.classify(m) {
-                Seen::Person => append_to(m, "content", &note, wire.text_part()),
-                Seen::Results if wire == Wire::Messages => append_to(m, "content", &note, "text"),
-                Seen::Results => {
-                    let id = wire.result_ids(m).first().map(|s| (*s).to_owned());
-                    if let Some(id) = id {
-                        wire.append_to_result(m, &id, &note);
-                    }
-                }
-                _ => list.push(wire.note_message(&note)),
+    let last = msgs.len().checked_sub(1);
+    let seen = last.map(|i| wire.seen(msgs, i));
+    match (last, seen) {
+        (Some(i), Some(Seen::Person))
+            if placement == NudgePlacement::Context || wire == Wire::Messages =>
+        {
+            if let Some(m) = msgs.get_mut(i) {
+                append_to(m, "content", &note, wire.text_part());
             }
         }
-        _ => list.push(wire.note_message(&note)),
+        (Some(i), Some(Seen::Results)) if wire == Wire::Messages => {
+            if let Some(m) = msgs.get_mut(i) {
+                append_to(m, "content", &note, "text");
+            }
+        }
+        (Some(i), Some(Seen::Results)) if placement == NudgePlacement::Context => {
+            if let Some(m) = msgs.get_mut(i) {
+                let id = wire.result_ids(m).first().map(|s| (*s).to_owned());
+                if let Some(id) = id {
+                    wire.append_to_result(m, &id, &note);
+                }
+            }
+        }
+        _ => msgs.push(wire.note_message(&note)),
     }
     changed
 }
@@ -705,6 +730,36 @@ mod tests {
         v.as_array().unwrap().clone()
     }
 
+    /// The messages as the client's JSON text, read lazily as a request's are.
+    fn lazy(v: &[Value]) -> String {
+        serde_json::to_string(&json!({ "messages": v })).unwrap()
+    }
+
+    fn strip(wire: Wire, m: &mut Vec<Value>, honour: bool) -> Stripped {
+        let text = lazy(m);
+        let mut body = Body::parse(text.as_bytes(), "messages").unwrap();
+        let msgs = body.messages.as_mut().unwrap();
+        let out = strip_commands(wire, msgs, honour);
+        *m = msgs.values(0);
+        out
+    }
+
+    fn nudge(
+        wire: Wire,
+        m: &mut Vec<Value>,
+        anchored: &[(String, String)],
+        loose: &[String],
+        placement: NudgePlacement,
+    ) -> bool {
+        let text = lazy(m);
+        let mut body = Body::parse(text.as_bytes(), "messages").unwrap();
+        let msgs = body.messages.as_mut().unwrap();
+        let changed = apply_nudges(wire, msgs, anchored, loose, placement);
+        assert_eq!(changed, msgs.changed());
+        *m = msgs.values(0);
+        changed
+    }
+
     #[test]
     fn only_tail_commands_count_and_all_are_stripped() {
         let mut m = msgs(json!([
@@ -713,7 +768,7 @@ mod tests {
             {"role": "assistant", "content": "ok"},
             {"role": "user", "content": "!/set(tool-loop-max-repeats=4)"}
         ]));
-        let s = strip_commands(Wire::Chat, &mut m, true);
+        let s = strip(Wire::Chat, &mut m, true);
         assert!(s.reply_needed);
         assert_eq!(s.commands.len(), 1);
         assert_eq!(m.len(), 3);
@@ -728,7 +783,7 @@ mod tests {
                 {"role": "assistant", "content": "[loopguard] Session settings changed"},
                 {"role": "user", "content": [{"type": "text", "text": "build it"}]}
             ]));
-            let s = strip_commands(wire, &mut m, true);
+            let s = strip(wire, &mut m, true);
             assert!(!s.reply_needed);
             assert!(s.commands.is_empty(), "not in the tail");
             assert_eq!(m.len(), 1);
@@ -739,7 +794,7 @@ mod tests {
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "[loopguard] Done"}]},
             {"role": "user", "content": [{"type": "input_text", "text": "build it"}]}
         ]));
-        strip_commands(Wire::Responses, &mut m, true);
+        strip(Wire::Responses, &mut m, true);
         assert_eq!(m.len(), 1);
     }
 
@@ -751,7 +806,7 @@ mod tests {
                 {"type": "image_url", "image_url": {"url": "data:"}}
             ]}
         ]));
-        let s = strip_commands(Wire::Chat, &mut m, true);
+        let s = strip(Wire::Chat, &mut m, true);
         assert!(!s.reply_needed, "the image is still for the model");
         assert_eq!(m[0]["content"].as_array().unwrap().len(), 1);
         assert_eq!(s.commands.len(), 1);
@@ -766,7 +821,7 @@ mod tests {
                 {"type": "tool_result", "tool_use_id": "t1", "content": "x"},
                 {"type": "text", "text": "!/set(tool-loop-detection=false)"}]}
         ]));
-        let s = strip_commands(Wire::Messages, &mut m, true);
+        let s = strip(Wire::Messages, &mut m, true);
         assert!(s.commands.is_empty());
         assert_eq!(
             m[1]["content"][1]["text"],
@@ -783,7 +838,7 @@ mod tests {
         ]));
         let anchored = vec![("c1".to_owned(), "[loopguard] stop".to_owned())];
         let mut m = base.clone();
-        apply_nudges(
+        nudge(
             Wire::Chat,
             &mut m,
             &anchored,
@@ -793,7 +848,7 @@ mod tests {
         assert_eq!(m[1]["content"], "out\n\n[loopguard] stop");
         assert_eq!(m[2]["content"][1]["text"], "[loopguard] text");
         let mut m = base;
-        apply_nudges(Wire::Chat, &mut m, &anchored, &[], NudgePlacement::System);
+        nudge(Wire::Chat, &mut m, &anchored, &[], NudgePlacement::System);
         assert_eq!(m.len(), 4);
         assert_eq!(
             m[2],
@@ -809,7 +864,7 @@ mod tests {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "out"}]}
         ]));
         let mut s = m.clone();
-        apply_nudges(
+        nudge(
             Wire::Messages,
             &mut m,
             &anchored,
@@ -817,7 +872,7 @@ mod tests {
             NudgePlacement::Context,
         );
         assert_eq!(m[1]["content"][0]["content"], "out\n\n[loopguard] stop");
-        apply_nudges(
+        nudge(
             Wire::Messages,
             &mut s,
             &anchored,
@@ -833,7 +888,7 @@ mod tests {
             {"type": "function_call", "call_id": "t1", "name": "bash", "arguments": "{}"},
             {"type": "function_call_output", "call_id": "t1", "output": "out"}
         ]));
-        apply_nudges(
+        nudge(
             Wire::Responses,
             &mut r,
             &anchored,
@@ -846,7 +901,7 @@ mod tests {
     #[test]
     fn loose_nudges_after_an_assistant_message_are_notes_of_their_own() {
         let mut m = msgs(json!([{"role": "assistant", "content": "hi"}]));
-        apply_nudges(
+        nudge(
             Wire::Chat,
             &mut m,
             &[],
@@ -855,7 +910,7 @@ mod tests {
         );
         assert_eq!(m[1]["role"], "system");
         let mut m = msgs(json!([{"role": "assistant", "content": "hi"}]));
-        apply_nudges(
+        nudge(
             Wire::Messages,
             &mut m,
             &[],
@@ -880,24 +935,40 @@ mod tests {
 
     #[test]
     fn sessions_are_hinted_and_opened_per_format() {
-        let chat = json!({"user": "u1", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]});
+        let body = |wire: Wire, v: Value| Body::from_value(&v, wire.list_key()).unwrap();
+        let mut chat = body(
+            Wire::Chat,
+            json!({"user": "u1", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]}),
+        );
         assert_eq!(
-            Wire::Chat.session_hint(&chat),
+            Wire::Chat.session_hint(&mut chat),
             Some(("user", "u1".to_owned()))
         );
-        let anthropic = json!({"metadata": {"user_id": "u2"}, "system": "s", "messages": [{"role": "user", "content": "go"}]});
+        let mut anthropic = body(
+            Wire::Messages,
+            json!({"metadata": {"user_id": "u2"}, "system": "s", "messages": [{"role": "user", "content": "go"}]}),
+        );
         assert_eq!(
-            Wire::Messages.session_hint(&anthropic),
+            Wire::Messages.session_hint(&mut anthropic),
             Some(("user", "u2".to_owned()))
         );
-        assert!(Wire::Messages.opening(&anthropic).contains("\"s\""));
-        let responses = json!({"conversation": {"id": "conv_1"}, "input": "go"});
+        assert!(Wire::Messages.opening(&mut anthropic).contains("\"s\""));
+        let mut responses = body(
+            Wire::Responses,
+            json!({"conversation": {"id": "conv_1"}, "input": "go"}),
+        );
         assert_eq!(
-            Wire::Responses.session_hint(&responses),
+            Wire::Responses.session_hint(&mut responses),
             Some(("conv", "conv_1".to_owned()))
         );
-        assert!(Wire::Responses.opening(&responses).contains("go"));
-        let prev = json!({"previous_response_id": "resp_1", "input": []});
-        assert_eq!(Wire::Responses.previous_response(&prev), Some("resp_1"));
+        assert!(Wire::Responses.opening(&mut responses).contains("go"));
+        let mut prev = body(
+            Wire::Responses,
+            json!({"previous_response_id": "resp_1", "input": []}),
+        );
+        assert_eq!(
+            Wire::Responses.previous_response(&mut prev).as_deref(),
+            Some("resp_1")
+        );
     }
 }

@@ -36,16 +36,32 @@ const MAX_BUFFERED: usize = 16 << 20;
 /// Output item types that are calls the client runs.
 const CALLS: &[&str] = &["function_call", "custom_tool_call", "local_shell_call"];
 
+/// Input item types that answer a call.
+pub const OUTPUTS: &[&str] = &[
+    "function_call_output",
+    "custom_tool_call_output",
+    "local_shell_call_output",
+];
+
+/// Item types the model writes besides its messages: calls, reasoning, and the built-in tools
+/// the server runs.
+pub const ASSISTANT_SIDE: &[&str] = &[
+    "function_call",
+    "custom_tool_call",
+    "local_shell_call",
+    "reasoning",
+    "web_search_call",
+    "file_search_call",
+    "computer_call",
+    "image_generation_call",
+    "code_interpreter_call",
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+];
+
 fn item_type(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or_default()
-}
-
-/// Whether an input item answers a call.
-pub fn is_output(v: &Value) -> bool {
-    matches!(
-        item_type(v),
-        "function_call_output" | "custom_tool_call_output" | "local_shell_call_output"
-    )
 }
 
 fn is_call(v: &Value) -> bool {
@@ -159,7 +175,7 @@ pub fn withheld(upstream: &Value, rewritten: &Value) -> Vec<String> {
 
 /// Whether the upstream stores the responses of this request (so a later request may continue
 /// from them): `store` is true unless the request says false.
-pub fn stored(request: &Value) -> bool {
+fn stored(request: &Value) -> bool {
     request.get("store").and_then(Value::as_bool) != Some(false)
 }
 
