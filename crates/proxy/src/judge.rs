@@ -114,6 +114,11 @@ pub fn headers(interventions: &[Intervention]) -> Option<[(&'static str, String)
 pub trait Judge: Send {
     /// `text` is the turn's assistant text, `calls` its tool calls in order.
     fn judge(&mut self, text: &str, calls: &[CallIn]) -> Judged;
+
+    /// The id of the response about to be judged, told by formats whose clients continue from
+    /// a stored response (Responses' `previous_response_id`), whole or streamed. Ignored by
+    /// default.
+    fn set_response_id(&mut self, _id: &str) {}
 }
 
 #[cfg(test)]
@@ -121,16 +126,21 @@ pub(crate) mod tests {
     use super::*;
 
     /// Blocks calls whose name is in `block`, terminates on `stop`, warns on `warn`, records
-    /// what it saw.
+    /// what it saw (and the response ids it was told).
     #[derive(Debug, Default)]
     pub struct Scripted {
         pub block: Vec<&'static str>,
         pub stop: Vec<&'static str>,
         pub warn: Vec<&'static str>,
         pub seen: Vec<(String, Vec<CallIn>)>,
+        pub response_ids: Vec<String>,
     }
 
     impl Judge for Scripted {
+        fn set_response_id(&mut self, id: &str) {
+            self.response_ids.push(id.to_owned());
+        }
+
         fn judge(&mut self, text: &str, calls: &[CallIn]) -> Judged {
             self.seen.push((text.to_owned(), calls.to_vec()));
             if calls.iter().any(|c| self.stop.contains(&c.name.as_str())) {

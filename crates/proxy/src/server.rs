@@ -556,7 +556,6 @@ fn judged(
             return Err(malformed(state, format!("not JSON: {e}")));
         }
     };
-    judge.response_id = wire.response_id(&value).map(str::to_owned);
     match judging(state, || wire.rewrite(&mut value, judge)) {
         Rewritten::Judged(done) => Ok((value, raw, done)),
         Rewritten::Stop(e) => Err(e),

@@ -621,8 +621,13 @@ impl State {
                 }
             }
         }
+        if let Err(e) = self.observe_tail(&turn, &mut book, msgs, now) {
+            self.settle(&turn.session, &engine, &mut book);
+            return Prepared::Fail(*e);
+        }
         if let Some(prev) = &previous {
-            // Calls of the continued response that the client never saw are answered here.
+            // Calls of the continued response that the client never saw are answered here,
+            // after the tail was judged: these answers are the proxy's, not tool results.
             let withheld = book.take_withheld(prev);
             if !withheld.is_empty() {
                 book.dirty = true;
@@ -630,10 +635,6 @@ impl State {
                     msgs.insert(0, wire::responses::withheld_output(call, note));
                 }
             }
-        }
-        if let Err(e) = self.observe_tail(&turn, &mut book, msgs, now) {
-            self.settle(&turn.session, &engine, &mut book);
-            return Prepared::Fail(*e);
         }
         let anchored: Vec<(String, String)> = book.nudges.iter().cloned().collect();
         let loose = std::mem::take(&mut book.loose);
@@ -987,6 +988,10 @@ impl TurnJudge {
 }
 
 impl Judge for TurnJudge {
+    fn set_response_id(&mut self, id: &str) {
+        self.response_id = Some(id.to_owned());
+    }
+
     fn judge(&mut self, text: &str, calls: &[CallIn]) -> Judged {
         let state = Arc::clone(&self.state);
         let turn = self.turn.clone();
@@ -1488,6 +1493,43 @@ mod tests {
         let s = state(NudgePlacement::Context);
         assert!(s.reload().is_err());
         assert_eq!(s.guard().policy.name, "t");
+    }
+
+    /// Regression: the answer the proxy writes for a call it withheld from a stored response
+    /// was read as that call's tool result, a new outcome, and the loop's count started over.
+    #[test]
+    fn a_withheld_call_s_answer_does_not_restart_the_loop() {
+        let s = state(NudgePlacement::Context);
+        let headers = HeaderMap::new();
+        let mut outcomes: Vec<&str> = Vec::new();
+        for n in 1..=5 {
+            let mut body = match outcomes.last() {
+                None => json!({"model": "m", "input": "build"}),
+                Some(&"block") => {
+                    json!({"model": "m", "previous_response_id": format!("resp_{}", n - 1),
+                    "input": [{"role": "user", "content": "go on"}]})
+                }
+                Some(_) => json!({"model": "m", "previous_response_id": format!("resp_{}", n - 1),
+                    "input": [{"type": "function_call_output", "call_id": format!("c{}", n - 1),
+                        "output": "failed"}]}),
+            };
+            let Prepared::Forward(turn) = prep(&s, Wire::Responses, &headers, &mut body) else {
+                panic!()
+            };
+            let mut j = TurnJudge::new(Arc::clone(&s), *turn);
+            j.set_response_id(&format!("resp_{n}"));
+            let out = j.judge("", &[call(&format!("c{n}"))]);
+            outcomes.push(if out.terminate.is_some() {
+                "terminate"
+            } else if out.stop {
+                "block"
+            } else if out.interventions.is_empty() {
+                "allow"
+            } else {
+                "warn"
+            });
+        }
+        assert_eq!(outcomes, ["allow", "allow", "warn", "block", "terminate"]);
     }
 
     #[test]

@@ -1,8 +1,14 @@
-//! What the proxy tests share: a scripted OpenAI upstream (an axum app on 127.0.0.1), the real
-//! `loopctl proxy` binary as a child process, and the test policy.
+//! What the proxy tests share: a scripted upstream (an axum app on 127.0.0.1) speaking OpenAI
+//! chat completions, Anthropic Messages ([`messages`]) and OpenAI Responses ([`responses`]), the
+//! real `loopctl proxy` binary as a child process, the test policy, and the runner of the
+//! Python agents on the official clients.
 
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod messages;
+pub mod responses;
+
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -29,6 +35,24 @@ pub struct Fake {
     pub n: Arc<AtomicU64>,
     /// Paths (with queries) of requests to any route the fake does not serve.
     pub other_paths: Arc<Mutex<Vec<String>>>,
+    /// Every request to `/v1/messages` and `/v1/responses`, in order.
+    pub received: Arc<Mutex<Vec<Received>>>,
+    /// The responses the Responses fake stored (`resp_N`, unless the request said `store:
+    /// false`): the call ids each one issued, which a request continuing it must answer.
+    pub stored: Arc<Mutex<HashMap<String, Vec<String>>>>,
+}
+
+/// One request the Anthropic or Responses fake received, and how it answered.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// `messages` or `responses`.
+    pub route: &'static str,
+    pub headers: HeaderMap,
+    pub body: Value,
+    /// The status the fake answered with (400: the request broke the API's rules).
+    pub status: u16,
+    /// The whole answer, when the fake answered with JSON (plain responses and errors).
+    pub answer: Option<Value>,
 }
 
 pub struct Upstream {
@@ -41,6 +65,8 @@ impl Upstream {
         let fake = Fake::default();
         let app = Router::new()
             .route("/v1/chat/completions", post(fake_chat))
+            .route("/v1/messages", post(messages::fake_messages))
+            .route("/v1/responses", post(responses::fake_responses))
             .route("/v1/models", get(fake_models))
             .route("/v1/models/{*id}", get(fake_models))
             .fallback(fake_other)
@@ -57,6 +83,18 @@ impl Upstream {
 
     pub fn requests(&self) -> Vec<Value> {
         self.fake.requests.lock().unwrap().clone()
+    }
+
+    /// The requests the fake received on `route` (`messages` or `responses`), in order.
+    pub fn received(&self, route: &str) -> Vec<Received> {
+        self.fake
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.route == route)
+            .cloned()
+            .collect()
     }
 }
 
@@ -135,7 +173,7 @@ pub fn stream_events(model: &str, text: Option<&str>, calls: &[Value]) -> Vec<St
 }
 
 /// `text` in pieces of about `size` bytes, cut at character boundaries.
-fn pieces(text: &str, size: usize) -> Vec<&str> {
+pub fn pieces(text: &str, size: usize) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     for (i, _) in text.char_indices() {
@@ -279,6 +317,50 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
     } else {
         json_body(StatusCode::OK, &completion(&model, json!(text), calls))
     }
+}
+
+/// One scripted model turn of the Anthropic and Responses fakes: its text, and its calls as
+/// (tool name, arguments as JSON text); at most one call, whose id is made from the number of
+/// the request.
+pub struct Scripted {
+    pub text: Option<&'static str>,
+    pub calls: Vec<(&'static str, String)>,
+}
+
+/// The Anthropic and Responses fakes' script for `model` at the fake's `n`-th request, as
+/// [`fake_chat`]'s: `loop` ("Building." and the same `bash cargo build` call every turn),
+/// `quietloop` (the same call, no text), `explore` (text and a `read_file` of a new path every
+/// turn: no loop), `rich` ([`RICH`], no call), `text` (a short answer). `None`: no such model.
+pub fn script(model: &str, n: u64) -> Option<Scripted> {
+    let (text, calls) = match model {
+        "loop" => (Some("Building."), vec![("bash", BUILD.to_owned())]),
+        "quietloop" => (None, vec![("bash", BUILD.to_owned())]),
+        "explore" => (
+            Some("Reading the next file."),
+            vec![("read_file", explore_arguments(n))],
+        ),
+        "rich" => (Some(RICH), Vec::new()),
+        "text" => (Some("Hello! The answer is 42, see `ls -la`."), Vec::new()),
+        _ => return None,
+    };
+    Some(Scripted { text, calls })
+}
+
+/// The arguments of `explore`'s call at request `n`: non-ASCII, escapes, a new path each time.
+pub fn explore_arguments(n: u64) -> String {
+    format!(r#"{{"path": "src/módulo_{n}.rs", "note": "naïve \"quoted\" ✓"}}"#)
+}
+
+/// `text` in three pieces (fewer when it is shorter), cut at character boundaries: a stream's
+/// text deltas.
+pub fn thirds(text: &str) -> Vec<&str> {
+    pieces(text, text.len().div_ceil(3).max(1))
+}
+
+/// One SSE event with its name, as Anthropic and the Responses API send them.
+pub fn named_event(data: &Value) -> String {
+    let name = data["type"].as_str().unwrap();
+    format!("event: {name}\ndata: {data}\n\n")
 }
 
 /// Any other path: recorded, then 404.
@@ -461,4 +543,69 @@ pub fn start(up: &Upstream, threshold: u32, extra: &[&str]) -> (Proxy, tempfile:
     let mut args = vec!["--rules", policy.to_str().unwrap()];
     args.extend_from_slice(extra);
     (Proxy::start(&up.base(), &args), dir)
+}
+
+// --- the official Python clients -----------------------------------------------------------------
+
+/// An agent loop on an official Python client: `tests/python/<script>`, on the package
+/// `package` (`pin`: the version `scripts/test` installs), given the proxy's URL plus
+/// `base_path` as its base URL (the Anthropic client adds `/v1` itself, the OpenAI one does
+/// not).
+#[derive(Clone, Copy)]
+pub struct PythonAgent {
+    pub script: &'static str,
+    pub package: &'static str,
+    pub pin: &'static str,
+    pub base_path: &'static str,
+}
+
+/// Runs a Python agent against the proxy with `args`, and returns what it printed: one JSON
+/// object per turn. Fails loudly when the client is not installed.
+pub fn run_python_agent(proxy: &Proxy, agent: PythonAgent, args: &[String]) -> Vec<Value> {
+    let PythonAgent {
+        script,
+        package,
+        pin,
+        base_path,
+    } = agent;
+    let root = loopguard_tests::root();
+    let check = Command::new("python3")
+        .args(["-c", &format!("import {package}")])
+        .output()
+        .expect("python3 must be installed to run the official client tests");
+    assert!(
+        check.status.success(),
+        "the `{package}` Python package is missing: run `python3 -m pip install {package}=={pin}` \
+         (scripts/test does)\n{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let out = Command::new("python3")
+        .current_dir(&root)
+        .arg(root.join("tests/python").join(script))
+        .arg("--base")
+        .arg(proxy.url(base_path))
+        .args(args)
+        .output()
+        .expect("run the Python agent");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}\nproxy log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        proxy.log()
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// [`run_python_agent`] off the async runtime (the upstream is served on it meanwhile).
+pub async fn python_agent(proxy: &Arc<Proxy>, agent: PythonAgent, args: &[&str]) -> Vec<Value> {
+    let proxy = Arc::clone(proxy);
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || run_python_agent(&proxy, agent, &args))
+        .await
+        .unwrap()
 }

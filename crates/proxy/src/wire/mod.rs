@@ -352,11 +352,6 @@ impl Wire {
             Wire::Responses => responses::retry(request, answer, call, guidance),
         }
     }
-
-    /// The id of a whole response (the one a Responses client continues from).
-    pub fn response_id(self, body: &Value) -> Option<&str> {
-        body.get("id").and_then(Value::as_str)
-    }
 }
 
 /// What rewriting a whole response did.

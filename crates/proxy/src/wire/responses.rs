@@ -115,11 +115,11 @@ pub fn rewrite(body: &mut Value, judge: &mut dyn Judge) -> Rewritten {
     let Some(obj) = body.as_object_mut() else {
         return Rewritten::Malformed("the body is not a JSON object".into());
     };
-    let id = obj
-        .get("id")
-        .and_then(Value::as_str)
-        .unwrap_or("resp")
-        .to_owned();
+    let id = obj.get("id").and_then(Value::as_str);
+    if let Some(id) = id {
+        judge.set_response_id(id);
+    }
+    let id = id.unwrap_or("resp").to_owned();
     let output = match obj.get_mut("output") {
         Some(Value::Array(o)) => o,
         None | Some(Value::Null) => return Rewritten::Judged(Vec::new()),
@@ -456,6 +456,11 @@ impl<J: Judge> Stream<J> {
             };
         }
         let calls: Vec<CallIn> = self.calls().into_iter().map(|(c, _)| c).collect();
+        // The client continues from this response: the judge remembers what it withholds
+        // from it, and whose session it is.
+        if let Some(id) = self.response.get("id").and_then(Value::as_str) {
+            self.judge.set_response_id(id);
+        }
         let judged = self.judge.judge(&self.text, &calls);
         self.state
             .interventions
@@ -845,6 +850,18 @@ mod tests {
             assert_eq!(last["type"], "response.completed");
             assert_eq!(last["response"]["output"].as_array().unwrap().len(), 3);
         }
+    }
+
+    /// Regression: a streamed response was judged without its id, so the proxy neither knew
+    /// the session of a request continuing it nor answered the calls it withheld from it.
+    #[test]
+    fn a_streamed_response_tells_the_judge_its_id() {
+        let (_, s) = run(Scripted::default(), &upstream(), 64);
+        assert_eq!(s.judge.response_ids, ["resp_1"]);
+        let mut body = response(json!([fc("c1", "bash", "{}")]));
+        let mut j = Scripted::default();
+        rewrite(&mut body, &mut j);
+        assert_eq!(j.response_ids, ["resp_1"]);
     }
 
     #[test]
