@@ -259,12 +259,7 @@ impl Hits {
 /// Mixes a plugin's loop key with the plugin's tag, so plugins never share a loop counter with
 /// each other or with a built-in detector.
 fn loop_key(key: u64, tag: u64) -> u64 {
-    let mut h = key ^ tag.rotate_left(29);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
+    crate::hash::fmix(key ^ tag.rotate_left(29))
 }
 
 /// The most severe plugin detection, through its ladder, when it is more severe than the best

@@ -78,7 +78,7 @@ pub struct WorkerId(u64);
 impl WorkerId {
     /// The id of the worker called `name`.
     pub fn new(name: &str) -> Self {
-        Self(xxhash_rust::xxh3::xxh3_64(name.as_bytes()))
+        Self(loopguard_hash::xxh3(name.as_bytes()))
     }
 
     /// A worker id the host already has as a number.

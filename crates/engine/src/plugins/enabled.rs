@@ -214,7 +214,8 @@ pub fn load_plugins(policy: &Policy) -> Result<Vec<LoadedPlugin>, Vec<PluginLoad
 impl Plugins {
     pub(crate) fn new(mut list: Vec<LoadedPlugin>) -> Plugins {
         for (i, p) in list.iter_mut().enumerate() {
-            p.tag = fnv(p.name.as_bytes()) ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            p.tag = loopguard_hash::fnv1a(p.name.as_bytes())
+                ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         }
         Plugins { list }
     }
@@ -277,10 +278,4 @@ impl Plugins {
         }
         hits
     }
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
