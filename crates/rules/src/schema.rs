@@ -76,20 +76,66 @@ pub(crate) const ACTIONS: &[&str] = &["allow", "warn", "ask", "block", "terminat
 /// Where a host puts a warning for the model (`escalation.nudge`).
 pub(crate) const NUDGE_PLACES: &[&str] = &["context", "system"];
 
-/// Placeholders a message template may use.
-pub(crate) const PLACEHOLDERS: &[&str] = &[
-    "tool",
-    "count",
-    "detector",
-    "rule",
-    "pattern",
-    "category",
-    "threshold",
-    "window",
-    "file",
-    "flags",
-    "action",
-    "workers",
+/// A placeholder a message template may use.
+#[derive(Debug)]
+pub struct Placeholder {
+    /// Its name, written `{name}` in a template.
+    pub name: &'static str,
+    /// What it stands for.
+    pub doc: &'static str,
+}
+
+/// Placeholders a message template may use: the one list, which the engine's message renderer
+/// fills exactly (a test there holds it to that).
+pub const PLACEHOLDERS: &[Placeholder] = &[
+    Placeholder {
+        name: "tool",
+        doc: "the tool called (`text` for assistant text)",
+    },
+    Placeholder {
+        name: "count",
+        doc: "how many times the loop repeated",
+    },
+    Placeholder {
+        name: "detector",
+        doc: "the detector (or plugin) that found it",
+    },
+    Placeholder {
+        name: "rule",
+        doc: "the deciding ladder step, `[categories.<name>/]ladders.<ladder>[<i>]`",
+    },
+    Placeholder {
+        name: "pattern",
+        doc: "what repeats, in words (`the same call`, a plugin's pattern)",
+    },
+    Placeholder {
+        name: "category",
+        doc: "the tool's category (empty when it has none)",
+    },
+    Placeholder {
+        name: "threshold",
+        doc: "the detector's threshold",
+    },
+    Placeholder {
+        name: "window",
+        doc: "the window size",
+    },
+    Placeholder {
+        name: "file",
+        doc: "the file the call is about, if any",
+    },
+    Placeholder {
+        name: "flags",
+        doc: "how many times the session was flagged before",
+    },
+    Placeholder {
+        name: "action",
+        doc: "the step's action",
+    },
+    Placeholder {
+        name: "workers",
+        doc: "the workers of a swarm that made the call (group loops; 1 otherwise)",
+    },
 ];
 
 /// Names of the built-in detectors, in the order the engine runs them.
@@ -466,7 +512,7 @@ const STEP: &[Field] = &[
         "message",
         Kind::Template,
         None,
-        "message for the model or user; placeholders: {tool} {count} {detector} {rule} {pattern} {category} {threshold} {window} {file} {flags} {action}",
+        "message for the model or user",
     ),
 ];
 

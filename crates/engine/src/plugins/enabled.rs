@@ -253,11 +253,7 @@ impl Plugins {
                         hits.notes.push(Note {
                             code: "plugin_poisoned",
                             plugin: p.name.clone(),
-                            message: format!(
-                                "plugin `{}` panicked and is disabled: it is skipped from now on ({})",
-                                p.name,
-                                p.plugin.path().display()
-                            ),
+                            message: crate::message::plugin_poisoned(&p.name, p.plugin.path()),
                         });
                     }
                 }
@@ -267,10 +263,7 @@ impl Plugins {
                         hits.notes.push(Note {
                             code: "plugin_error",
                             plugin: p.name.clone(),
-                            message: format!(
-                                "plugin `{}` failed with status {code}; its answer was ignored (later failures are only counted)",
-                                p.name
-                            ),
+                            message: crate::message::plugin_failed(&p.name, code),
                         });
                     }
                 }
