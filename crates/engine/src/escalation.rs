@@ -5,7 +5,7 @@
 //! at most once per call (or text turn), so a call flagged by `exact_repeat` is not escalated
 //! again when its result arrives and `no_progress` sees the same loop.
 
-use loopguard_rules::{Action, Detectors, Ladder, Step};
+use loopguard_rules::{Action, Ladder, Step};
 
 use crate::compiled::CompiledRules;
 use crate::detect::{Det, Detection};
@@ -142,7 +142,7 @@ impl<'f> Found<'f> {
             Found::Builtin(d) if d.det == Det::GroupLoop => {
                 Some(rules.config.group.ladder.as_str())
             }
-            Found::Builtin(d) => detector_ladder(rules.detectors(category), d.det),
+            Found::Builtin(d) => rules.detectors(category).ladder(d.det),
             Found::Plugin(p) => p.ladder,
         }
     }
@@ -199,26 +199,6 @@ impl<'f> Found<'f> {
     /// Failing shell file operations: the message points the model at the file tools.
     pub fn file_tools_hint(&self) -> bool {
         matches!(self, Found::Builtin(d) if d.file_tools_hint)
-    }
-}
-
-/// The detector's own ladder choice.
-fn detector_ladder(d: &Detectors, det: Det) -> Option<&str> {
-    match det {
-        Det::ExactRepeat => d.exact_repeat.ladder.as_deref(),
-        Det::FuzzyRepeat => d.fuzzy_repeat.ladder.as_deref(),
-        Det::Cycle => d.cycle.ladder.as_deref(),
-        Det::Interleaved => d.interleaved.ladder.as_deref(),
-        Det::NoProgress => d.no_progress.ladder.as_deref(),
-        Det::SameOutcome => d.same_outcome.ladder.as_deref(),
-        Det::ErrorCascade => d.error_cascade.ladder.as_deref(),
-        Det::TestFix => d.test_fix.ladder.as_deref(),
-        Det::Monologue => d.monologue.ladder.as_deref(),
-        Det::TextRepeat => d.text_repeat.ladder.as_deref(),
-        Det::Chanting => d.chanting.ladder.as_deref(),
-        Det::UnknownTool => d.unknown_tool.ladder.as_deref(),
-        // The group ladder is in the policy's `group` section: see [`Found::own_ladder`].
-        Det::GroupLoop => None,
     }
 }
 

@@ -8,7 +8,7 @@ use crate::schema::{Field, Kind, PLACEHOLDERS, POLICY, kind_name};
 
 /// A JSON Schema (draft-07, which yaml-language-server reads) of the policy format.
 pub fn json_schema() -> J {
-    let mut root = section_schema(POLICY);
+    let mut root = section_schema(POLICY.fields);
     if let J::Object(map) = &mut root {
         map.insert(
             "$schema".into(),
@@ -82,7 +82,7 @@ fn doc(field: &Field) -> String {
 /// then one row per message placeholder.
 pub fn reference_markdown() -> String {
     let mut out = String::from("| key | type | default | description |\n|---|---|---|---|\n");
-    rows(POLICY, "", &mut out);
+    rows(POLICY.fields, "", &mut out);
     out.push_str("\n| placeholder | stands for |\n|---|---|\n");
     for p in PLACEHOLDERS {
         out.push_str(&format!("| `{{{}}}` | {} |\n", p.name, p.doc));
