@@ -1,6 +1,6 @@
 //! The one declaration of every policy parameter.
 //!
-//! Each key is declared once here, in one row of a [`section!`] table: its key (the field
+//! Each key is declared once here, in one row of a `section!` table: its key (the field
 //! name), the Rust type it is read into, its kind (what the checks accept), its default and
 //! its documentation (the row's doc comment). From that row come the typed configuration's field
 //! and its doc, the reader that fills the field from the checked node tree (under the same
@@ -9,7 +9,7 @@
 //! (docs/reference.md). Rows without a type are checked and documented but read elsewhere
 //! (`version`, `extends`, `overrides`: they steer loading and merging).
 //!
-//! The built-in detectors are listed once, in [`detectors!`]: their names, what their loops are
+//! The built-in detectors are listed once, in `detectors!`: their names, what their loops are
 //! called in messages, and their parameter sections.
 
 use std::collections::BTreeMap;
