@@ -619,7 +619,7 @@ fn dedup(diagnostics: &mut Vec<Diagnostic>) {
 fn sets_exact_threshold(node: &Node) -> bool {
     let direct = |n: &Node| {
         n.get("detectors")
-            .and_then(|d| d.get("exact_repeat"))
+            .and_then(|d| d.get(crate::schema::Detector::ExactRepeat.name()))
             .and_then(|e| e.get("threshold"))
             .is_some()
     };

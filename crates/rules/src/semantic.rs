@@ -190,7 +190,7 @@ fn check_detectors(detectors: &Node, window: Option<&Node>, out: &mut Vec<Diagno
             );
         }
     }
-    if let Some(cycle) = detectors.get("cycle") {
+    if let Some(cycle) = detectors.get(Detector::Cycle.name()) {
         let (min, max, reps) = (
             int(cycle.get("min_period")),
             int(cycle.get("max_period")),
@@ -236,7 +236,7 @@ fn check_detectors(detectors: &Node, window: Option<&Node>, out: &mut Vec<Diagno
             );
         }
     }
-    if let Some(ch) = detectors.get("chanting")
+    if let Some(ch) = detectors.get(Detector::Chanting.name())
         && let (Some(min), Some(max)) =
             (int(ch.get("min_unit_chars")), int(ch.get("max_unit_chars")))
         && min > max
