@@ -1021,7 +1021,10 @@ mod tests {
         assert_eq!(config.detectors.chanting.max_message_chars, 200_000);
         assert_eq!(config.results.mask.len(), MASKERS.len());
         // Each section also reads from nothing at all, by its own defaults.
-        assert!((STEP.read)(crate::param::null()).is_none(), "`action` is required");
+        assert!(
+            (STEP.read)(crate::param::null()).is_none(),
+            "`action` is required"
+        );
         assert!((TOOL.read)(crate::param::null()).is_some());
         assert!((DETECTORS.read)(crate::param::null()).is_some());
     }
