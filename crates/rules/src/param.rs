@@ -136,32 +136,21 @@ impl Param for bool {
     }
 }
 
-impl Param for u32 {
-    fn read(node: &Node) -> Option<Self> {
-        match node.value {
-            Value::Int(i) => u32::try_from(i).ok(),
-            _ => None,
+/// Integers: a YAML integer that fits the type.
+macro_rules! integer {
+    ($($ty:ty),*) => {$(
+        impl Param for $ty {
+            fn read(node: &Node) -> Option<Self> {
+                match node.value {
+                    Value::Int(i) => <$ty>::try_from(i).ok(),
+                    _ => None,
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl Param for u64 {
-    fn read(node: &Node) -> Option<Self> {
-        match node.value {
-            Value::Int(i) => u64::try_from(i).ok(),
-            _ => None,
-        }
-    }
-}
-
-impl Param for usize {
-    fn read(node: &Node) -> Option<Self> {
-        match node.value {
-            Value::Int(i) => usize::try_from(i).ok(),
-            _ => None,
-        }
-    }
-}
+integer!(u32, u64, usize);
 
 impl Param for String {
     fn read(node: &Node) -> Option<Self> {
