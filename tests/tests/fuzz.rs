@@ -144,15 +144,9 @@ fn seconds() -> f64 {
 fn save(target: &str, input: &[u8]) -> PathBuf {
     let dir = root().join("target").join("fuzz-crashes").join(target);
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{:016x}", xxhash(input)));
+    let path = dir.join(format!("{:016x}", loopguard_hash::fnv1a(input)));
     std::fs::write(&path, input).unwrap();
     path
-}
-
-fn xxhash(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Runs one input under the bounds; the reason it broke one, if it did.

@@ -10,6 +10,16 @@
 //!
 //! Arguments given as a `dict` are converted to JSON values directly (no `json.dumps`); given as
 //! a `str`, they are fingerprinted from the text, as the proxy does.
+//!
+//! ```python
+//! import loopguard
+//!
+//! engine = loopguard.Engine(loopguard.Policy.default())
+//! verdict = engine.call("run-1", "call-1", "bash", {"command": "cargo build"})
+//! assert verdict.action == loopguard.Action.ALLOW
+//! ```
+
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -5,8 +5,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, RwLock};
 
-use loopguard_rules::schema::DETECTOR_NAMES;
-use loopguard_rules::{Config, Detectors, Ladder};
+use loopguard_rules::{Config, Detector, Detectors, Ladder};
 
 use crate::fingerprint::{FingerprintRules, ToolKeys};
 use crate::hash::MapHasher;
@@ -220,8 +219,8 @@ impl CompiledRules {
         let exempt = placement.setting.map_or(0, |t| {
             t.exempt
                 .iter()
-                .filter_map(|d| DETECTOR_NAMES.iter().position(|n| n == d))
-                .fold(0u16, |bits, i| bits | (1 << i))
+                .filter_map(|d| Detector::named(d))
+                .fold(0u16, |bits, d| bits | (1 << d as u16))
         });
         let watched = placement.enabled();
         let known_tools = &self.detectors(category).unknown_tool.known_tools;

@@ -423,7 +423,7 @@ impl Engine {
     /// A session's state as a JSON snapshot (see [`crate::snapshot`]); `None` when the session
     /// does not exist.
     pub fn snapshot_session(&self, id: &str) -> Option<serde_json::Value> {
-        self.with_session(id, |s| snapshot::seal(&s.to_snapshot()))
+        self.with_session(id, |s| snapshot::SNAPSHOT.seal(&s.to_snapshot()))
     }
 
     /// Restores a session from [`Engine::snapshot_session`], replacing the session of that id.
@@ -434,7 +434,7 @@ impl Engine {
         id: &str,
         snapshot: &serde_json::Value,
     ) -> Result<(), SnapshotError> {
-        let body: snapshot::SessionV1 = snapshot::body(snapshot::open(snapshot)?)?;
+        let body: snapshot::SessionV1 = snapshot::open(snapshot)?;
         let session = self.session_from(id, &body)?;
         self.put(id, session);
         Ok(())
@@ -483,20 +483,20 @@ impl Engine {
             .memory
             .as_ref()
             .and_then(|m| serde_json::to_value(m.snapshot()).ok());
-        snapshot::seal(&snapshot::EngineV1 { sessions, groups })
+        snapshot::SNAPSHOT.seal(&snapshot::EngineV1 { sessions, groups })
     }
 
     /// Restores an [`Engine::snapshot`]: its sessions replace the sessions of the same ids (others
     /// are kept) and its group state replaces the in-memory store's. Everything is checked first:
     /// an invalid snapshot changes nothing. Returns how many sessions were restored.
     pub fn restore(&self, snapshot: &serde_json::Value) -> Result<usize, SnapshotError> {
-        let body: snapshot::EngineV1 = snapshot::body(snapshot::open(snapshot)?)?;
+        let body: snapshot::EngineV1 = snapshot::open(snapshot)?;
         let mut sessions = Vec::with_capacity(body.sessions.len());
         for (id, s) in &body.sessions {
             sessions.push((id.as_str(), self.session_from(id, s)?));
         }
         if let Some(groups) = &body.groups {
-            let groups = loopguard_store::GroupSnapshot::from_json(&groups.to_string())?;
+            let groups = loopguard_store::GroupSnapshot::try_from(groups.clone())?;
             match &self.memory {
                 Some(memory) => {
                     memory.restore(&groups)?;
@@ -535,7 +535,7 @@ impl Engine {
         &self,
         snapshot: &serde_json::Value,
     ) -> Result<(Vec<String>, Vec<SnapshotError>), SnapshotError> {
-        let body: snapshot::EngineV1 = snapshot::body(snapshot::open(snapshot)?)?;
+        let body: snapshot::EngineV1 = snapshot::open(snapshot)?;
         let mut restored = Vec::new();
         let mut skipped = Vec::new();
         for (id, s) in &body.sessions {

@@ -5,9 +5,7 @@
 //! at most once per call (or text turn), so a call flagged by `exact_repeat` is not escalated
 //! again when its result arrives and `no_progress` sees the same loop.
 
-use std::fmt::Write;
-
-use loopguard_rules::{Action, Detectors, Ladder, Step};
+use loopguard_rules::{Action, Ladder, Step};
 
 use crate::compiled::CompiledRules;
 use crate::detect::{Det, Detection};
@@ -93,57 +91,155 @@ impl Loops {
     pub const CAPACITY: usize = MAX_LOOPS;
 }
 
-/// The detector's own ladder choice.
-pub fn detector_ladder(d: &Detectors, det: Det) -> Option<&str> {
-    match det {
-        Det::ExactRepeat => d.exact_repeat.ladder.as_deref(),
-        Det::FuzzyRepeat => d.fuzzy_repeat.ladder.as_deref(),
-        Det::Cycle => d.cycle.ladder.as_deref(),
-        Det::Interleaved => d.interleaved.ladder.as_deref(),
-        Det::NoProgress => d.no_progress.ladder.as_deref(),
-        Det::SameOutcome => d.same_outcome.ladder.as_deref(),
-        Det::ErrorCascade => d.error_cascade.ladder.as_deref(),
-        Det::TestFix => d.test_fix.ladder.as_deref(),
-        Det::Monologue => d.monologue.ladder.as_deref(),
-        Det::TextRepeat => d.text_repeat.ladder.as_deref(),
-        Det::Chanting => d.chanting.ladder.as_deref(),
-        Det::UnknownTool => d.unknown_tool.ladder.as_deref(),
-        // The group ladder is in the policy's `group` section: see [`decide`].
-        Det::GroupLoop => None,
+/// A loop found on an event, by a built-in detector or by a plugin: both go through the same
+/// ladders ([`decide`]) and become a verdict the same way (`Session::escalate`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Found<'a> {
+    /// A built-in detector's detection.
+    Builtin(Detection),
+    /// A plugin's detection.
+    Plugin(PluginFound<'a>),
+}
+
+/// What a plugin found, with what escalation needs to know about the plugin.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PluginFound<'a> {
+    /// The plugin's name as verdicts show it.
+    pub name: &'a str,
+    /// The ladder the policy gave the plugin, if any.
+    pub ladder: Option<&'a str>,
+    /// The loop's key, tagged with the plugin's so that plugins never share a counter.
+    pub loop_key: u64,
+    pub count: u32,
+    /// The tool of the call the event is about, if any.
+    pub tool: Option<u16>,
+    /// The plugin's own words about the loop.
+    pub message: &'a str,
+    /// The plugin's `{pattern}`; empty: its name.
+    pub pattern: &'a str,
+}
+
+impl<'f> Found<'f> {
+    /// The key of the loop's escalation counter.
+    pub fn loop_key(&self) -> u64 {
+        match self {
+            Found::Builtin(d) => d.loop_key(),
+            Found::Plugin(p) => p.loop_key,
+        }
+    }
+
+    /// A loop of a whole group of workers: it has its own counters and ladder.
+    pub fn is_group(&self) -> bool {
+        matches!(self, Found::Builtin(d) if d.det == Det::GroupLoop)
+    }
+
+    /// The ladder the finder names itself (a detector's, the group's, a plugin's), if any.
+    fn own_ladder<'a>(&self, rules: &'a CompiledRules, category: Option<usize>) -> Option<&'a str>
+    where
+        Self: 'a,
+    {
+        match self {
+            Found::Builtin(d) if d.det == Det::GroupLoop => {
+                Some(rules.config.group.ladder.as_str())
+            }
+            Found::Builtin(d) => rules.detectors(category).ladder(d.det),
+            Found::Plugin(p) => p.ladder,
+        }
+    }
+
+    /// The detector as verdicts name it.
+    pub fn detector(&self) -> &str {
+        match self {
+            Found::Builtin(d) => d.det.name(),
+            Found::Plugin(p) => p.name,
+        }
+    }
+
+    /// The loop's `{pattern}`.
+    pub fn pattern(&self) -> &str {
+        match self {
+            Found::Builtin(d) => d.det.pattern(),
+            Found::Plugin(p) if p.pattern.is_empty() => p.name,
+            Found::Plugin(p) => p.pattern,
+        }
+    }
+
+    /// How many times the loop repeated.
+    pub fn count(&self) -> u32 {
+        match self {
+            Found::Builtin(d) => d.count,
+            Found::Plugin(p) => p.count,
+        }
+    }
+
+    /// The `{threshold}`: the detector's; a plugin's count (plugins say when, not at what).
+    pub fn threshold(&self) -> u32 {
+        match self {
+            Found::Builtin(d) => d.threshold,
+            Found::Plugin(p) => p.count,
+        }
+    }
+
+    /// The tool the loop is about, if any.
+    pub fn tool(&self) -> Option<u16> {
+        match self {
+            Found::Builtin(d) => d.tool,
+            Found::Plugin(p) => p.tool,
+        }
+    }
+
+    /// What a plugin said about the loop.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            Found::Builtin(_) => None,
+            Found::Plugin(p) => Some(p.message),
+        }
+    }
+
+    /// Failing shell file operations: the message points the model at the file tools.
+    pub fn file_tools_hint(&self) -> bool {
+        matches!(self, Found::Builtin(d) if d.file_tools_hint)
     }
 }
 
-/// A detection with the ladder step it would take.
+/// A loop with the ladder step it would take.
 #[derive(Clone, Copy, Debug)]
-pub struct Decision<'r> {
-    pub detection: Detection,
+pub(crate) struct Decision<'a> {
+    pub found: Found<'a>,
     pub action: Action,
-    pub ladder: &'r str,
-    pub step: Option<(usize, &'r Step)>,
+    pub ladder: &'a str,
+    pub step: Option<(usize, &'a Step)>,
 }
 
-/// The step a loop's `repeat`th sighting takes, and the ladder's name: the ladder `own` names
-/// (a detector's or a plugin's), else the category's, else the policy's default. Built-in and
-/// plugin detections both go through here.
-pub fn ladder_step<'r>(
-    rules: &'r CompiledRules,
-    category: Option<usize>,
-    own: Option<&'r str>,
-    repeat: u32,
+/// What the ladder says about a loop, without counting it: the step its next sighting takes
+/// through the ladder it names itself, else the category's, else the policy's default; `None`
+/// when it was already escalated on this occasion.
+pub(crate) fn decide<'a>(
+    rules: &'a CompiledRules,
+    loops: &Loops,
     flags: u32,
-) -> (&'r str, Option<(usize, &'r Step)>) {
-    let (name, ladder) = rules.ladder(category, own);
-    let step = ladder.and_then(|l: &Ladder| {
+    found: Found<'a>,
+    category: Option<usize>,
+    occasion: u64,
+) -> Option<Decision<'a>> {
+    let repeat = loops.prospective(found.loop_key(), occasion)?;
+    let (ladder, steps) = rules.ladder(category, found.own_ladder(rules, category));
+    let step = steps.and_then(|l: &Ladder| {
         let s = l.step(repeat, flags)?;
         let i = l.steps.iter().position(|x| std::ptr::eq(x, s))?;
         Some((i, s))
     });
-    (name, step)
+    Some(Decision {
+        found,
+        action: step.map_or(Action::Allow, |(_, s)| s.action),
+        ladder,
+        step,
+    })
 }
 
 /// `Verdict::rule`: the deciding step, `ladders.<ladder>[<i>]`, under its category
 /// (`categories.<name>/…`) when `category_name` is given.
-pub fn rule_name(category_name: &str, ladder: &str, step: Option<(usize, &Step)>) -> String {
+pub(crate) fn rule_name(category_name: &str, ladder: &str, step: Option<(usize, &Step)>) -> String {
     let i = step.map_or(0, |(i, _)| i);
     if category_name.is_empty() {
         format!("ladders.{ladder}[{i}]")
@@ -152,178 +248,9 @@ pub fn rule_name(category_name: &str, ladder: &str, step: Option<(usize, &Step)>
     }
 }
 
-/// A verdict's message: the step's template, else the action's default, rendered with `vars`.
-/// `detail` is what a plugin found (a judge's analysis): after the step's wording, or, when the
-/// step has none, worded for the action in place of the default.
-pub fn message(
-    step: Option<(usize, &Step)>,
-    action: Action,
-    vars: &Vars<'_>,
-    detail: Option<&str>,
-) -> String {
-    let detail = detail.map(str::trim).filter(|d| !d.is_empty());
-    match (step.and_then(|(_, s)| s.message.as_deref()), detail) {
-        (Some(template), Some(d)) => format!("{} Details: {d}", render(template, vars)),
-        (Some(template), None) => render(template, vars),
-        (None, Some(d)) => own_message(action, d),
-        (None, None) => render(default_message(action), vars),
-    }
-}
-
-/// A plugin's own finding, worded for the action.
-fn own_message(action: Action, message: &str) -> String {
-    let m = message.trim_end_matches('.');
-    match action {
-        Action::Allow => String::new(),
-        Action::Warn => format!(
-            "{m}. Stop repeating it: change the arguments, try a different tool, or explain what is blocking you."
-        ),
-        Action::Ask => format!("{m}. Ask the user whether to continue."),
-        Action::Block => format!("Refused: {m}. The call was not run. Change your approach."),
-        Action::Terminate => format!("Stopped: {m}."),
-    }
-}
-
-/// What the ladder says about a detection, without counting it.
-pub fn decide<'r>(
-    rules: &'r CompiledRules,
-    loops: &Loops,
-    flags: u32,
-    d: &Detection,
-    category: Option<usize>,
-    occasion: u64,
-) -> Option<Decision<'r>> {
-    let repeat = loops.prospective(d.loop_key(), occasion)?;
-    let own = match d.det {
-        Det::GroupLoop => Some(rules.config.group.ladder.as_str()),
-        det => detector_ladder(rules.detectors(category), det),
-    };
-    let (name, step) = ladder_step(rules, category, own, repeat, flags);
-    Some(Decision {
-        detection: *d,
-        action: step.map_or(Action::Allow, |(_, s)| s.action),
-        ladder: name,
-        step,
-    })
-}
-
-/// Values for a message template's placeholders.
-#[derive(Debug)]
-pub struct Vars<'a> {
-    pub tool: &'a str,
-    pub count: u32,
-    pub detector: &'a str,
-    pub rule: &'a str,
-    pub pattern: &'a str,
-    pub category: &'a str,
-    pub threshold: u32,
-    pub window: usize,
-    pub file: &'a str,
-    pub flags: u32,
-    pub action: &'a str,
-    /// Distinct workers of the swarm that made the call (group loops); 1 for a session's own
-    /// loops.
-    pub workers: u32,
-}
-
-/// The message used when a ladder step has none.
-pub fn default_message(action: Action) -> &'static str {
-    match action {
-        Action::Allow => "",
-        Action::Warn => {
-            "{tool} was repeated {count} times ({detector}). Stop repeating it: change the arguments, try a different tool, or explain what is blocking you."
-        }
-        Action::Ask => {
-            "{tool} was repeated {count} times ({detector}). Ask the user whether to continue."
-        }
-        Action::Block => {
-            "Refused: {tool} was repeated {count} times ({detector}). The call was not run. Change your approach."
-        }
-        Action::Terminate => {
-            "Stopped: the agent kept looping on {tool} ({detector}, {count} times)."
-        }
-    }
-}
-
-/// Renders a template: `{name}` placeholders are replaced, `{{` and `}}` are literal braces,
-/// unknown placeholders are kept as written.
-pub fn render(template: &str, v: &Vars<'_>) -> String {
-    let mut out = String::with_capacity(template.len() + 32);
-    let mut rest = template;
-    while let Some(i) = rest.find(['{', '}']) {
-        out.push_str(&rest[..i]);
-        let r = &rest[i..];
-        if r.starts_with("{{") || r.starts_with("}}") {
-            out.push_str(&r[..1]);
-            rest = &r[2..];
-            continue;
-        }
-        if r.starts_with('{')
-            && let Some(end) = r.find('}')
-            && placeholder(&mut out, &r[1..end], v)
-        {
-            rest = &r[end + 1..];
-            continue;
-        }
-        out.push_str(&r[..1]);
-        rest = &r[1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-fn placeholder(out: &mut String, name: &str, v: &Vars<'_>) -> bool {
-    let _ = match name {
-        "tool" => out.write_str(v.tool),
-        "count" => write!(out, "{}", v.count),
-        "detector" => out.write_str(v.detector),
-        "rule" => out.write_str(v.rule),
-        "pattern" => out.write_str(v.pattern),
-        "category" => out.write_str(v.category),
-        "threshold" => write!(out, "{}", v.threshold),
-        "window" => write!(out, "{}", v.window),
-        "file" => out.write_str(v.file),
-        "flags" => write!(out, "{}", v.flags),
-        "action" => out.write_str(v.action),
-        "workers" => write!(out, "{}", v.workers),
-        _ => return false,
-    };
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars() -> Vars<'static> {
-        Vars {
-            tool: "bash",
-            count: 3,
-            detector: "exact_repeat",
-            rule: "ladders.default[0]",
-            pattern: "p",
-            category: "shell",
-            threshold: 3,
-            window: 30,
-            file: "a.rs",
-            flags: 1,
-            action: "warn",
-            workers: 1,
-        }
-    }
-
-    #[test]
-    fn renders_placeholders() {
-        let s = render(
-            "{tool} x{count} {{literal}} {unknown} {file} {action} {",
-            &vars(),
-        );
-        assert_eq!(s, "bash x3 {literal} {unknown} a.rs warn {");
-        assert_eq!(
-            render(default_message(Action::Block), &vars()).get(..8),
-            Some("Refused:")
-        );
-    }
 
     #[test]
     fn loop_counter_counts_once_per_occasion() {

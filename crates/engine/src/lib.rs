@@ -57,6 +57,7 @@ pub(crate) mod escalation;
 pub mod event;
 pub(crate) mod fingerprint;
 mod hash;
+pub(crate) mod message;
 pub(crate) mod normalize;
 pub mod plugins;
 pub mod session;

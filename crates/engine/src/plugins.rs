@@ -49,16 +49,12 @@
 //! # }
 //! ```
 
-use std::borrow::Cow;
-
-use loopguard_rules::{Action, Step};
-
-use crate::compiled::{CompiledRules, ToolInfo};
+use crate::compiled::ToolInfo;
 use crate::detect::{Record, Window};
-use crate::escalation::{Loops, Vars};
+use crate::escalation::{Found, PluginFound};
 use crate::event::{Call, Text, ToolResult, UserMessage};
 use crate::fingerprint::CallKeys;
-use crate::verdict::{CallRef, Note, Verdict};
+use crate::verdict::Note;
 
 #[cfg(feature = "plugins")]
 pub use enabled::{LoadedPlugin, PluginLoadError, load_plugins};
@@ -66,7 +62,8 @@ pub use enabled::{LoadedPlugin, PluginLoadError, load_plugins};
 #[cfg(feature = "plugins")]
 pub use loopguard_plugin_host as host;
 
-/// The plugins of an engine, shared by its sessions (they live in [`CompiledRules`]).
+/// The plugins of an engine, shared by its sessions (they live in
+/// [`CompiledRules`](crate::CompiledRules)).
 #[derive(Debug, Default)]
 pub struct Plugins {
     #[cfg(feature = "plugins")]
@@ -92,17 +89,6 @@ pub(crate) struct Hit {
     key: u64,
     message: String,
     pattern: String,
-}
-
-/// A plugin detection with the ladder step it takes.
-#[derive(Debug)]
-pub(crate) struct PluginDecision<'r> {
-    /// Index into [`Hits::detections`].
-    hit: usize,
-    pub(crate) loop_key: u64,
-    pub(crate) action: Action,
-    ladder: &'r str,
-    step: Option<(usize, &'r Step)>,
 }
 
 impl Plugins {
@@ -250,120 +236,27 @@ impl Plugins {
 }
 
 impl Hits {
-    /// Nothing detected and nothing to say.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.detections.is_empty() && self.notes.is_empty()
+    /// The plugins' detections, as escalation takes them (in policy order).
+    pub(crate) fn found<'a>(&'a self, plugins: &'a Plugins) -> impl Iterator<Item = Found<'a>> {
+        self.detections.iter().filter_map(move |h| {
+            let (ladder, tag) = plugins.ladder_and_tag(h.plugin)?;
+            Some(Found::Plugin(PluginFound {
+                name: plugins.name(h.plugin),
+                ladder,
+                loop_key: loop_key(h.key, tag),
+                count: h.count,
+                tool: self.tool,
+                message: &h.message,
+                pattern: &h.pattern,
+            }))
+        })
     }
 }
 
 /// Mixes a plugin's loop key with the plugin's tag, so plugins never share a loop counter with
 /// each other or with a built-in detector.
 fn loop_key(key: u64, tag: u64) -> u64 {
-    let mut h = key ^ tag.rotate_left(29);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
-}
-
-/// The most severe plugin detection, through its ladder, when it is more severe than the best
-/// built-in one (`builtin`); `None` when no plugin detection beats it.
-pub(crate) fn decide<'r>(
-    rules: &'r CompiledRules,
-    loops: &Loops,
-    flags: u32,
-    hits: &Hits,
-    category: Option<usize>,
-    occasion: u64,
-    builtin: Option<Action>,
-) -> Option<PluginDecision<'r>> {
-    let mut best: Option<PluginDecision<'r>> = None;
-    for (i, h) in hits.detections.iter().enumerate() {
-        let Some((own, tag)) = rules.plugins.ladder_and_tag(h.plugin) else {
-            continue;
-        };
-        let key = loop_key(h.key, tag);
-        let Some(repeat) = loops.prospective(key, occasion) else {
-            continue;
-        };
-        let (ladder, step) = crate::escalation::ladder_step(rules, category, own, repeat, flags);
-        let action = step.map_or(Action::Allow, |(_, s)| s.action);
-        if best.as_ref().is_none_or(|b| action > b.action) {
-            best = Some(PluginDecision {
-                hit: i,
-                loop_key: key,
-                action,
-                ladder,
-                step,
-            });
-        }
-    }
-    best.filter(|b| builtin.is_none_or(|a| b.action > a))
-}
-
-/// The verdict for a plugin decision (not `allow`). `this` is the call the event is about.
-pub(crate) fn verdict(
-    rules: &CompiledRules,
-    dec: &PluginDecision<'_>,
-    hits: &Hits,
-    category: Option<usize>,
-    call: Option<&Call<'_>>,
-    this: Option<CallRef>,
-    flags_before: u32,
-) -> Verdict {
-    let Some(hit) = hits.detections.get(dec.hit) else {
-        return Verdict::allow();
-    };
-    let name = rules.plugins.name(hit.plugin);
-    let tool_info = hits.tool.and_then(|id| rules.tool_by_id(id));
-    let tool: &str = match (call, &tool_info) {
-        (Some(c), _) => c.tool,
-        (None, Some(t)) => &t.name,
-        (None, None) => "text",
-    };
-    let category_name = category
-        .and_then(|i| rules.config.categories.get(i))
-        .map_or("", |c| c.name.as_str());
-    let rule = crate::escalation::rule_name(category_name, dec.ladder, dec.step);
-    let file = match (call, &tool_info) {
-        (Some(c), Some(t)) => {
-            crate::fingerprint::file_of(&rules.fingerprint, &t.keys, &c.arguments)
-        }
-        _ => String::new(),
-    };
-    let pattern = if hit.pattern.is_empty() {
-        name
-    } else {
-        &hit.pattern
-    };
-    let vars = Vars {
-        tool,
-        count: hit.count,
-        detector: name,
-        rule: &rule,
-        pattern,
-        category: category_name,
-        threshold: hit.count,
-        window: rules.config.window_size,
-        file: &file,
-        flags: flags_before,
-        action: dec.action.as_str(),
-        workers: 1,
-    };
-    let message = crate::escalation::message(dec.step, dec.action, &vars, Some(&hit.message));
-    let calls: Vec<CallRef> = this.into_iter().collect();
-    Verdict {
-        action: dec.action,
-        message,
-        detector: Some(Cow::Owned(name.to_owned())),
-        rule: Some(rule),
-        count: hit.count,
-        calls,
-        // A plugin says that a loop is going on, not where it started.
-        loop_start: None,
-        notes: Vec::new(),
-    }
+    crate::hash::fmix(key ^ tag.rotate_left(29))
 }
 
 #[cfg(feature = "plugins")]

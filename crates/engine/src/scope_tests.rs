@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use loopguard_rules::{Policy, Settings};
+use loopguard_store::format::VersionError;
 use loopguard_store::{
     Availability, Backend, GroupStore, GroupTally, MemoryStore, StoreStatus, WorkerId,
 };
@@ -632,10 +633,11 @@ fn snapshot_versions_and_corruption_are_refused_clearly() {
     let newer = with(&|v| v["version"] = json!(2));
     assert!(matches!(
         newer,
-        SnapshotError::TooNew {
+        SnapshotError::Version(VersionError::TooNew {
             found: 2,
-            supported: 1
-        }
+            supported: 1,
+            ..
+        })
     ));
     assert!(
         newer.to_string().contains("newer than this build reads"),
@@ -644,16 +646,20 @@ fn snapshot_versions_and_corruption_are_refused_clearly() {
     let older = with(&|v| v["version"] = json!(0));
     assert!(matches!(
         older,
-        SnapshotError::TooOld {
+        SnapshotError::Version(VersionError::TooOld {
             found: 0,
-            oldest: 1
-        }
+            oldest: 1,
+            ..
+        })
     ));
     assert!(older.to_string().contains("too old to migrate"), "{older}");
     let missing = with(&|v| {
         v.as_object_mut().unwrap().remove("version");
     });
-    assert!(matches!(missing, SnapshotError::MissingVersion));
+    assert!(matches!(
+        missing,
+        SnapshotError::Version(VersionError::Missing { .. })
+    ));
     let unknown = with(&|v| v["surprise"] = json!(true));
     assert!(
         unknown.to_string().contains("unknown field `surprise`"),
@@ -674,7 +680,15 @@ fn snapshot_versions_and_corruption_are_refused_clearly() {
         .unwrap()
         .restore_session("s", &json!([1, 2]))
         .unwrap_err();
-    assert!(matches!(not_object, SnapshotError::Malformed(_)));
+    assert!(matches!(
+        not_object,
+        SnapshotError::Version(VersionError::NotAnObject { .. })
+    ));
+    assert_eq!(
+        not_object.to_string(),
+        "malformed snapshot: expected a JSON object with a `version` field"
+    );
+    assert!(crate::snapshot::SNAPSHOT.is_consistent());
 }
 
 // Regression: loops keyed by a tool id (unknown_tool, error_cascade) started over after a restore

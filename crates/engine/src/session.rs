@@ -16,11 +16,12 @@ use crate::compiled::CompiledRules;
 use crate::detect::text::{TURNS, TextState, TurnText};
 use crate::detect::{Det, Detection, Involved, Record, Window, calls, flag, results};
 use crate::engine::Target;
-use crate::escalation::{Decision, Loops, Vars, decide};
+use crate::escalation::{Decision, Found, Loops, decide};
 use crate::event::{Call, Event, Text, ToolResult, UserMessage};
 use crate::fingerprint::{CallKeys, file_of};
 use crate::hash::hash_str;
-use crate::plugins::{self, Hits};
+use crate::message::Vars;
+use crate::plugins::Hits;
 use crate::verdict::{CallRef, Verdict};
 
 mod call_event;
@@ -64,9 +65,6 @@ pub(crate) fn clip_text(text: &mut String, max: usize) {
 }
 /// Occasions of text turns live in the upper half of the u64 range, apart from call seqs.
 const TEXT_OCCASION: u64 = 1 << 63;
-
-const FILE_TOOLS_HINT: &str =
-    " Use the file tools (read, edit, write) instead of shell commands for file operations.";
 
 /// The state of one agent session.
 #[derive(Debug)]
@@ -403,17 +401,17 @@ impl Session {
 
     // --- events -----------------------------------------------------------------------------
 
-    /// The escalation counters a detection counts against: group loops have their own.
-    fn loops_for(&self, det: Det) -> &Loops {
-        match (det, self.group.as_deref()) {
-            (Det::GroupLoop, Some(m)) => &m.loops,
+    /// The escalation counters a loop counts against: group loops have their own.
+    fn loops_for(&self, found: &Found<'_>) -> &Loops {
+        match (found.is_group(), self.group.as_deref()) {
+            (true, Some(m)) => &m.loops,
             _ => &self.loops,
         }
     }
 
-    fn loops_for_mut(&mut self, det: Det) -> &mut Loops {
-        match (det, self.group.as_deref_mut()) {
-            (Det::GroupLoop, Some(m)) => &mut m.loops,
+    fn loops_for_mut(&mut self, found: &Found<'_>) -> &mut Loops {
+        match (found.is_group(), self.group.as_deref_mut()) {
+            (true, Some(m)) => &mut m.loops,
             _ => &mut self.loops,
         }
     }

@@ -8,10 +8,11 @@
 //!
 //! # Format
 //!
-//! Every snapshot is a JSON object whose `version` field is read first: a version newer than this
-//! build writes is refused ([`SnapshotError::TooNew`]); an older one is migrated by the reader kept
-//! for it, or refused ([`SnapshotError::TooOld`]) when it is older than
-//! [`OLDEST_READABLE_VERSION`]. The rest is then read strictly (unknown fields are errors) and
+//! Every snapshot is a JSON object whose `version` field is read first, by the scheme every
+//! loopguard snapshot shares ([`loopguard_store::format`], with the format [`SNAPSHOT`]): a
+//! version newer than this build writes is refused, an older one is migrated, one older than
+//! the oldest it reads is refused ([`SnapshotError::Version`]). The rest is then read strictly
+//! (unknown fields are errors) and
 //! checked for consistency, so a corrupted snapshot is rejected with a message saying what is
 //! wrong, and nothing is half restored. Restored state is held to the bounds of live state: a
 //! window longer than any policy's (1,000 calls), more call ids than a session keeps, a call id
@@ -30,48 +31,30 @@
 
 use std::collections::BTreeMap;
 
+use loopguard_store::format::{Format, VersionError, hex64, hex64_vec};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// The snapshot format this build writes.
-pub const SNAPSHOT_VERSION: u32 = 1;
-
-/// The oldest snapshot format this build reads (migrating it to [`SNAPSHOT_VERSION`]).
-pub const OLDEST_READABLE_VERSION: u32 = 1;
+/// The format of session and engine snapshots: the version this build writes, the oldest it
+/// reads and the migrations between them.
+pub const SNAPSHOT: Format = Format {
+    what: "snapshot",
+    current: 1,
+    oldest: 1,
+    migrations: &[],
+};
 
 /// Why a snapshot could not be read or restored.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SnapshotError {
-    /// Not a JSON object, or not shaped like a snapshot (a field missing, unknown, of the wrong
-    /// type).
+    /// Not shaped like a snapshot (a field missing, unknown, of the wrong type).
     #[error("malformed snapshot: {0}")]
     Malformed(String),
-    /// No `version` field.
-    #[error("snapshot has no `version` field")]
-    MissingVersion,
-    /// Written by a newer loopguard.
-    #[error(
-        "snapshot format version {found} is newer than this build reads (up to {supported}); \
-         restore it with the loopguard version that wrote it or a newer one"
-    )]
-    TooNew {
-        /// The snapshot's version.
-        found: u64,
-        /// The newest version this build reads.
-        supported: u32,
-    },
-    /// Older than any format this build can migrate.
-    #[error(
-        "snapshot format version {found} is too old to migrate (this build reads versions \
-         {oldest} and later)"
-    )]
-    TooOld {
-        /// The snapshot's version.
-        found: u64,
-        /// The oldest version this build reads.
-        oldest: u32,
-    },
+    /// Not a JSON object with a `version`, a version newer than this build reads, or one too
+    /// old to migrate.
+    #[error(transparent)]
+    Version(#[from] VersionError),
     /// Well-formed but inconsistent: corrupted or edited by hand.
     #[error("invalid snapshot of session `{session}`: {reason}")]
     Invalid {
@@ -95,55 +78,11 @@ pub enum SnapshotError {
     },
 }
 
-/// Checks the `version` of a snapshot object and returns its other fields, migrated to the
-/// current format.
-pub(crate) fn open(snapshot: &Value) -> Result<Map<String, Value>, SnapshotError> {
-    let Value::Object(fields) = snapshot else {
-        return Err(SnapshotError::Malformed(
-            "expected a JSON object with a `version` field".to_owned(),
-        ));
-    };
-    let version = match fields.get("version") {
-        None => return Err(SnapshotError::MissingVersion),
-        Some(v) => v.as_u64().ok_or_else(|| {
-            SnapshotError::Malformed(format!("`version` must be a whole number, found `{v}`"))
-        })?,
-    };
-    if version > u64::from(SNAPSHOT_VERSION) {
-        return Err(SnapshotError::TooNew {
-            found: version,
-            supported: SNAPSHOT_VERSION,
-        });
-    }
-    if version < u64::from(OLDEST_READABLE_VERSION) {
-        return Err(SnapshotError::TooOld {
-            found: version,
-            oldest: OLDEST_READABLE_VERSION,
-        });
-    }
-    // One reader per version still read, each migrating to the next; version 1 is current.
-    let mut fields = fields.clone();
-    fields.remove("version");
-    Ok(fields)
-}
-
-/// Reads the body of a (current-format) snapshot strictly.
-pub(crate) fn body<T: for<'de> Deserialize<'de>>(
-    fields: Map<String, Value>,
-) -> Result<T, SnapshotError> {
+/// Reads a snapshot: checks and migrates its version, then reads its body strictly.
+pub(crate) fn open<T: for<'de> Deserialize<'de>>(snapshot: &Value) -> Result<T, SnapshotError> {
+    let fields: Map<String, Value> = SNAPSHOT.open(snapshot)?;
     serde_json::from_value(Value::Object(fields))
         .map_err(|e| SnapshotError::Malformed(e.to_string()))
-}
-
-/// A snapshot object: `version` first, then the body's fields.
-pub(crate) fn seal<T: Serialize>(body: &T) -> Value {
-    let mut out = Map::new();
-    out.insert("version".to_owned(), Value::from(SNAPSHOT_VERSION));
-    // Serializing plain structs of strings, integers and maps with string keys cannot fail.
-    if let Ok(Value::Object(fields)) = serde_json::to_value(body) {
-        out.extend(fields);
-    }
-    Value::Object(out)
 }
 
 /// Version 1 of a session's state.
@@ -314,53 +253,4 @@ pub(crate) struct EngineV1 {
     /// A `loopguard_store::GroupSnapshot` (versioned itself); `null` when the engine keeps group
     /// counters in a shared store.
     pub groups: Option<Value>,
-}
-
-/// A `u64` as exactly 16 lowercase hex digits.
-mod hex64 {
-    use serde::de::{self, Deserialize, Deserializer};
-    use serde::ser::Serializer;
-
-    pub(super) fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&format_args!("{value:016x}"))
-    }
-
-    pub(super) fn parse(text: &str) -> Result<u64, String> {
-        if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("expected 16 hex digits, found `{text}`"));
-        }
-        u64::from_str_radix(text, 16).map_err(|e| e.to_string())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse(&text).map_err(de::Error::custom)
-    }
-}
-
-/// A list of `u64`s, each as 16 hex digits.
-mod hex64_vec {
-    use serde::de::{self, Deserialize, Deserializer};
-    use serde::ser::{SerializeSeq, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(
-        values: &[u64],
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(values.len()))?;
-        for v in values {
-            seq.serialize_element(&format!("{v:016x}"))?;
-        }
-        seq.end()
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<u64>, D::Error> {
-        let texts = Vec::<String>::deserialize(deserializer)?;
-        texts
-            .iter()
-            .map(|t| super::hex64::parse(t).map_err(de::Error::custom))
-            .collect()
-    }
 }

@@ -1,5 +1,18 @@
 //! `loopctl`: check loopguard policies, print their schema, replay transcripts through them and
 //! test policies against labelled transcripts.
+//!
+//! Each subcommand lives in its own module (`validate`, `simulate`, `cases` for `test`,
+//! `plugins`, `proxy`); `policy` is the one way a command loads a policy to run. The libraries
+//! do the work: `loopguard-rules` loads and checks, `loopguard-transcript` replays,
+//! `loopguard-engine` judges; this crate parses arguments and prints.
+//!
+//! ```sh
+//! loopctl validate rules/                     # every problem, as file:line:col
+//! loopctl simulate examples/looping-openai.json   # exit status 3: the policy intervened
+//! loopctl schema --reference > reference.md   # the rule reference, from the declarations
+//! ```
+
+#![warn(missing_docs)]
 
 mod cases;
 mod plugins;
@@ -40,9 +53,12 @@ struct Cli {
     command: Command,
 }
 
+/// How `validate` prints what it found (`--error-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ErrorFormat {
+    /// Rendered snippets on stderr: `file:line:col`, the source underlined, the help.
     Human,
+    /// One JSON report on stdout.
     Json,
 }
 

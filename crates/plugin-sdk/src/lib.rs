@@ -150,10 +150,7 @@ pub trait Detector: Sized + Send + 'static {
 /// The shard (of `shards`) whose instance serves `session` when a detector sets
 /// [`Detector::SESSION_SHARDS`]: a stable FNV-1a hash of the id.
 pub fn session_shard(session: &str, shards: usize) -> usize {
-    let h = session.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    (h % shards.max(1) as u64) as usize
+    (loopguard_hash::fnv1a(session.as_bytes()) % shards.max(1) as u64) as usize
 }
 
 /// What kind of event an [`Event`] is.

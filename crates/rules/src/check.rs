@@ -371,7 +371,7 @@ fn check_template(node: &Node, text: &str, path: &str, out: &mut Vec<Diagnostic>
             return;
         };
         let name = &rest[open + 1..open + close];
-        if !PLACEHOLDERS.contains(&name) {
+        if !PLACEHOLDERS.iter().any(|p| p.name == name) {
             let mut diag = Diagnostic::error(
                 "unknown-placeholder",
                 node.span,
@@ -382,21 +382,23 @@ fn check_template(node: &Node, text: &str, path: &str, out: &mut Vec<Diagnostic>
             )
             .with_label(format!("`{{{name}}}` is not a placeholder"))
             .with_focus(format!("{{{name}}}"));
-            diag = match did_you_mean(name, PLACEHOLDERS.iter().copied()) {
+            diag = match did_you_mean(name, PLACEHOLDERS.iter().map(|p| p.name)) {
                 Some(near) => diag.with_help(format!("did you mean `{{{near}}}`?")),
-                None => diag.with_help(format!(
-                    "placeholders: {}",
-                    PLACEHOLDERS
-                        .iter()
-                        .map(|p| format!("{{{p}}}"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                )),
+                None => diag.with_help(format!("placeholders: {}", placeholder_list())),
             };
             out.push(diag);
         }
         rest = &rest[open + close + 1..];
     }
+}
+
+/// Every placeholder, as a template writes it: `{tool} {count} …`.
+pub(crate) fn placeholder_list() -> String {
+    PLACEHOLDERS
+        .iter()
+        .map(|p| format!("{{{}}}", p.name))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn first_line_of_regex_error(e: &regex::Error) -> String {

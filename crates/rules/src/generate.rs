@@ -2,12 +2,13 @@
 
 use serde_json::{Map, Value as J, json};
 
+use crate::check::placeholder_list;
 use crate::policy::parse_default;
-use crate::schema::{Field, Kind, POLICY, kind_name};
+use crate::schema::{Field, Kind, PLACEHOLDERS, POLICY, kind_name};
 
 /// A JSON Schema (draft-07, which yaml-language-server reads) of the policy format.
 pub fn json_schema() -> J {
-    let mut root = section_schema(POLICY);
+    let mut root = section_schema(POLICY.fields);
     if let J::Object(map) = &mut root {
         map.insert(
             "$schema".into(),
@@ -27,7 +28,7 @@ fn section_schema(fields: &'static [Field]) -> J {
     for field in fields {
         let mut schema = kind_schema(&field.kind);
         if let J::Object(map) = &mut schema {
-            map.insert("description".into(), json!(field.doc));
+            map.insert("description".into(), json!(doc(field)));
             if let Some(default) = field.default {
                 map.insert("default".into(), parse_default(default).to_json());
             }
@@ -69,10 +70,23 @@ fn kind_schema(kind: &'static Kind) -> J {
     }
 }
 
-/// The rule reference (docs/reference.md), as Markdown: one row per key, in declaration order.
+/// A field's documentation; a message template's ends with the placeholders it may use.
+fn doc(field: &Field) -> String {
+    match field.kind {
+        Kind::Template => format!("{}; placeholders: {}", field.doc, placeholder_list()),
+        _ => field.doc.to_owned(),
+    }
+}
+
+/// The rule reference (docs/reference.md), as Markdown: one row per key, in declaration order,
+/// then one row per message placeholder.
 pub fn reference_markdown() -> String {
     let mut out = String::from("| key | type | default | description |\n|---|---|---|---|\n");
-    rows(POLICY, "", &mut out);
+    rows(POLICY.fields, "", &mut out);
+    out.push_str("\n| placeholder | stands for |\n|---|---|\n");
+    for p in PLACEHOLDERS {
+        out.push_str(&format!("| `{{{}}}` | {} |\n", p.name, p.doc));
+    }
     out
 }
 
@@ -88,7 +102,7 @@ fn rows(fields: &'static [Field], prefix: &str, out: &mut String) {
         out.push_str(&format!(
             "| `{key}` | {} | {default} | {} |\n",
             kind_name(&field.kind),
-            field.doc.replace('|', "\\|")
+            doc(field).replace('|', "\\|")
         ));
         match &field.kind {
             // Override entries repeat top-level sections; their keys are documented once above.

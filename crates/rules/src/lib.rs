@@ -3,8 +3,9 @@
 //! The key design decision: a policy is read into a loose, spanned node tree first and only then
 //! compiled. Every check — unknown keys, types, ranges, regexes, cross-references — works on that
 //! tree, so each problem names its file, line and column and all of them are reported together.
-//! Parameters are declared once in [`schema`]; defaults, the JSON Schema and the rule
-//! reference are derived from those declarations.
+//! Parameters are declared once in [`schema`]; the typed configuration's sections and their
+//! readers, the defaults, the JSON Schema and the rule reference are derived from those
+//! declarations.
 //!
 //! ```
 //! use loopguard_rules::Policy;
@@ -24,13 +25,14 @@ pub mod config;
 pub mod diagnostic;
 pub mod generate;
 pub mod node;
+mod param;
 pub mod policy;
 pub mod read;
 pub mod schema;
 mod semantic;
 pub mod tiers;
 
-pub use config::{Action, Category, Config, Detectors, Group, Ladder, Nudge, Step};
+pub use config::{Action, Category, Config, Detector, Detectors, Group, Ladder, Nudge, Step};
 pub use diagnostic::{Diagnostic, Severity, SourceMap};
 pub use policy::{LoadError, Loaded, Policy};
 pub use tiers::{SettingError, SettingKey, Settings};

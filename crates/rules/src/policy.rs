@@ -10,7 +10,8 @@ use crate::check::{Budget, check_section, compile_glob};
 use crate::config::{Config, PluginSpec};
 use crate::diagnostic::{Diagnostic, SourceMap};
 use crate::node::{Node, SourceId, Span, Value};
-use crate::schema::{Field, Kind, POLICY};
+use crate::param::section_defaults;
+use crate::schema::POLICY;
 use crate::semantic;
 
 /// Largest policy file accepted.
@@ -118,7 +119,7 @@ impl Policy {
             if diagnostics.iter().any(Diagnostic::is_error) {
                 return None;
             }
-            Some(Policy::build(path, root, &sources))
+            Policy::build(path, root, &sources, &mut diagnostics)
         });
         dedup(&mut diagnostics);
         Loaded {
@@ -133,8 +134,36 @@ impl Policy {
         Self::load_text(Path::new("rules/default.yaml"), DEFAULT_POLICY.to_owned())
     }
 
-    fn build(path: &Path, root: Node, sources: &SourceMap) -> Policy {
-        let base = Config::from_node(&root);
+    /// The policy of a checked tree; `None` (with an error) when the tree holds a value the
+    /// checks should have refused, rather than a policy with made-up values.
+    fn build(
+        path: &Path,
+        root: Node,
+        sources: &SourceMap,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<Policy> {
+        let Some(mut params) = (POLICY.read)(&root) else {
+            diagnostics.push(unreadable(&root));
+            return None;
+        };
+        let file_stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        let name = params.name.take().or(file_stem).unwrap_or_default();
+        let description = std::mem::take(&mut params.description);
+        let plugins = std::mem::take(&mut params.plugins)
+            .into_iter()
+            .map(|p| {
+                // `plugins:` lists are replaced, not merged, by `extends`: the file that wrote
+                // the entry may be a parent file.
+                let file = sources
+                    .get(p.value.path.span.source)
+                    .map_or(path, |s| s.path.as_path());
+                PluginSpec::from_params(p, file)
+            })
+            .collect();
+        let Some(base) = Config::from_params(params) else {
+            diagnostics.push(unreadable(&root));
+            return None;
+        };
         let overrides = root
             .get("overrides")
             .and_then(Node::as_seq)
@@ -158,26 +187,15 @@ impl Policy {
                 }
             })
             .collect();
-        let plugins = plugin_specs(&root, path, sources);
-        let file_stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-        Policy {
-            name: root
-                .get("name")
-                .and_then(Node::as_str)
-                .map(str::to_owned)
-                .or(file_stem)
-                .unwrap_or_default(),
-            description: root
-                .get("description")
-                .and_then(Node::as_str)
-                .unwrap_or_default()
-                .to_owned(),
+        Some(Policy {
+            name,
+            description,
             path: Some(path.to_path_buf()),
             root,
             base,
             overrides,
             plugins,
-        }
+        })
     }
 
     /// The configuration with no override applied.
@@ -214,7 +232,8 @@ impl Policy {
             for o in &matching {
                 root.merge(&o.node);
             }
-            Config::from_node(&root)
+            // The overrides were checked merged over the policy, as here: reading cannot fail.
+            Config::from_node(&root).unwrap_or_else(|| self.base.clone())
         };
         if server.is_empty() {
             return config;
@@ -493,7 +512,7 @@ fn load_chain(
             return None;
         }
     };
-    check_section(&node, POLICY, "", diagnostics, budget);
+    check_section(&node, POLICY.fields, "", diagnostics, budget);
     semantic::check_version(&node, diagnostics);
     chain.push(canonical(path));
 
@@ -579,40 +598,10 @@ fn canonical(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// The `plugins:` entries, each path resolved against the directory of the file that wrote it
-/// (`plugins:` lists are replaced, not merged, by `extends`, so that may be a parent file).
-fn plugin_specs(root: &Node, path: &Path, sources: &SourceMap) -> Vec<PluginSpec> {
-    root.get("plugins")
-        .and_then(Node::as_seq)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|p| {
-            let path_node = p.get("path")?;
-            let rel = path_node.as_str()?;
-            let file = sources
-                .get(path_node.span.source)
-                .map_or(path, |s| s.path.as_path());
-            Some(PluginSpec {
-                path: file.parent().unwrap_or(Path::new("")).join(rel),
-                written_path: rel.to_owned(),
-                span: p.span,
-                path_span: path_node.span,
-                config_span: p.get("config").map(|c| c.span),
-                name: p.get("name").and_then(Node::as_str).map(str::to_owned),
-                enabled: !matches!(p.get("enabled").map(|n| &n.value), Some(Value::Bool(false))),
-                ladder: p.get("ladder").and_then(Node::as_str).map(str::to_owned),
-                config: p
-                    .get("config")
-                    .map_or(serde_json::Value::Null, Node::to_json),
-            })
-        })
-        .collect()
-}
-
 /// Every declared default, as a node tree.
 pub(crate) fn defaults() -> &'static Node {
     static DEFAULTS: OnceLock<Node> = OnceLock::new();
-    DEFAULTS.get_or_init(|| section_defaults(POLICY))
+    DEFAULTS.get_or_init(|| section_defaults(POLICY.fields))
 }
 
 /// Parses one declared default (a YAML snippet).
@@ -623,24 +612,14 @@ pub(crate) fn parse_default(yaml: &str) -> Node {
     })
 }
 
-fn section_defaults(fields: &'static [Field]) -> Node {
-    let mut entries = Vec::new();
-    for field in fields {
-        let value = match (&field.kind, field.default) {
-            (_, Some(yaml)) => parse_default(yaml),
-            (Kind::Section(inner), None) => section_defaults(inner),
-            _ => continue,
-        };
-        let key = Node {
-            value: Value::Str(field.key.to_owned()),
-            span: Span::default(),
-        };
-        entries.push((key, value));
-    }
-    Node {
-        value: Value::Map(entries),
-        span: Span::default(),
-    }
+/// The error for a checked tree that cannot be read (a value the checks should have refused).
+fn unreadable(root: &Node) -> Diagnostic {
+    Diagnostic::error(
+        "internal",
+        root.span,
+        "the policy passed its checks but could not be read",
+    )
+    .with_help("this is a bug in loopguard's checks: please report it with the policy")
 }
 
 fn dedup(diagnostics: &mut Vec<Diagnostic>) {
@@ -659,7 +638,7 @@ fn dedup(diagnostics: &mut Vec<Diagnostic>) {
 fn sets_exact_threshold(node: &Node) -> bool {
     let direct = |n: &Node| {
         n.get("detectors")
-            .and_then(|d| d.get("exact_repeat"))
+            .and_then(|d| d.get(crate::schema::Detector::ExactRepeat.name()))
             .and_then(|e| e.get("threshold"))
             .is_some()
     };

@@ -3,10 +3,7 @@
 use crate::check::compile_glob;
 use crate::diagnostic::{Diagnostic, did_you_mean};
 use crate::node::{Node, Value};
-use crate::schema::{DETECTOR_NAMES, FORMAT_VERSION};
-
-/// Detectors whose count must fit in the window (they count calls kept in it).
-const WINDOWED: &[&str] = &["exact_repeat", "fuzzy_repeat", "interleaved", "no_progress"];
+use crate::schema::{Detector, FORMAT_VERSION};
 
 /// Largest window that is not suspicious.
 const LARGE_WINDOW: i64 = 200;
@@ -148,7 +145,8 @@ fn int(node: Option<&Node>) -> Option<i64> {
 
 fn check_detectors(detectors: &Node, window: Option<&Node>, out: &mut Vec<Diagnostic>) {
     let size = int(window);
-    for name in DETECTOR_NAMES {
+    for detector in Detector::POLICY {
+        let name = detector.name();
         let Some(det) = detectors.get(name) else {
             continue;
         };
@@ -165,7 +163,7 @@ fn check_detectors(detectors: &Node, window: Option<&Node>, out: &mut Vec<Diagno
                 .with_help("a threshold of 1 is not loop detection; use 2 or more"),
             );
         }
-        if let (Some(size), true) = (size, WINDOWED.contains(name))
+        if let (Some(size), true) = (size, detector.windowed())
             && let Some(t) = det.get("threshold")
             && let Some(n) = int(Some(t))
             && n > size
@@ -192,7 +190,7 @@ fn check_detectors(detectors: &Node, window: Option<&Node>, out: &mut Vec<Diagno
             );
         }
     }
-    if let Some(cycle) = detectors.get("cycle") {
+    if let Some(cycle) = detectors.get(Detector::Cycle.name()) {
         let (min, max, reps) = (
             int(cycle.get("min_period")),
             int(cycle.get("max_period")),
@@ -238,7 +236,7 @@ fn check_detectors(detectors: &Node, window: Option<&Node>, out: &mut Vec<Diagno
             );
         }
     }
-    if let Some(ch) = detectors.get("chanting")
+    if let Some(ch) = detectors.get(Detector::Chanting.name())
         && let (Some(min), Some(max)) =
             (int(ch.get("min_unit_chars")), int(ch.get("max_unit_chars")))
         && min > max

@@ -2,7 +2,9 @@
 //! eviction of the least recently seen entries.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash};
+
+use loopguard_hash::FingerprintHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// At most this many shards (independent locks) per store.
@@ -25,7 +27,7 @@ pub(crate) fn groups_per_shard(max_groups: usize, shards: usize) -> usize {
 /// The shard of `group`: a stable hash, so a group always lands on the same shard.
 pub(crate) fn shard_of(group: &str, shards: usize) -> usize {
     let shards = shards.max(1) as u64;
-    (xxhash_rust::xxh3::xxh3_64(group.as_bytes()) % shards) as usize
+    (loopguard_hash::xxh3(group.as_bytes()) % shards) as usize
 }
 
 /// Locks a shard. Nothing in this crate panics while holding a lock, but a host's panic elsewhere
@@ -34,28 +36,8 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The hasher of maps keyed by fingerprints. Fingerprints are already well-mixed 64-bit hashes,
-/// so one multiply and a fold are enough (SipHash would cost more than the rest of `record`).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FingerprintHasher(u64);
-
-impl Hasher for FingerprintHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 29)
-    }
-}
-
-/// A map keyed by fingerprint.
+/// A map keyed by fingerprint: fingerprints are already well-mixed 64-bit hashes, so one
+/// multiply and a fold hash them (SipHash would cost more than the rest of `record`).
 pub(crate) type FingerprintMap<V> = HashMap<u64, V, BuildHasherDefault<FingerprintHasher>>;
 
 /// Adds `worker` to a list of distinct workers holding at most `cap`; true when it was added.
@@ -114,7 +96,7 @@ where
 
 /// The tie-breaker of a group's eviction rank: a stable hash of its name.
 pub(crate) fn name_rank(name: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+    loopguard_hash::xxh3(name.as_bytes())
 }
 
 /// How many entries remain after an eviction triggered by reaching `cap`: three quarters of it

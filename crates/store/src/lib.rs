@@ -48,6 +48,7 @@
 #![forbid(unsafe_code)]
 
 mod bounded;
+pub mod format;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis_store;
@@ -60,8 +61,8 @@ pub use memory::{MemoryConfig, MemoryStore, RestoreReport};
 #[cfg(feature = "redis")]
 pub use redis_store::{ConfigError, FlushError, FlushReport, RedisConfig, RedisStore};
 pub use snapshot::{
-    GroupSnapshot, InvalidSnapshot, OLDEST_READABLE_VERSION, SNAPSHOT_VERSION, SnapshotError,
-    SnapshotFingerprint, SnapshotGroup,
+    GROUP_SNAPSHOT, GroupSnapshot, InvalidSnapshot, SnapshotError, SnapshotFingerprint,
+    SnapshotGroup,
 };
 
 /// A call fingerprint as the engine computes it: a 64-bit hash of a tool call's canonical form.
@@ -78,7 +79,7 @@ pub struct WorkerId(u64);
 impl WorkerId {
     /// The id of the worker called `name`.
     pub fn new(name: &str) -> Self {
-        Self(xxhash_rust::xxh3::xxh3_64(name.as_bytes()))
+        Self(loopguard_hash::xxh3(name.as_bytes()))
     }
 
     /// A worker id the host already has as a number.

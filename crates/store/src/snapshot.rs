@@ -1,37 +1,40 @@
 //! Versioned snapshots of group state.
 //!
 //! A [`GroupSnapshot`] is plain serde data (JSON by [`GroupSnapshot::to_json`], or embedded in a
-//! host's own snapshot). Its first field is the format `version`. Reading a snapshot checks the
-//! version before anything else: a newer version than this build knows is refused
-//! ([`SnapshotError::TooNew`]); an older one is migrated by the reader kept for it, or refused
-//! ([`SnapshotError::TooOld`]) when it is older than [`OLDEST_READABLE_VERSION`]. The content is
-//! then validated, so a corrupted snapshot is rejected with a message that names the group and the
-//! fingerprint, never half restored.
+//! host's own snapshot). Its first field is the format `version`, checked and migrated before
+//! anything else by the scheme every loopguard snapshot shares ([`crate::format`], with the
+//! format [`GROUP_SNAPSHOT`]). The content is then validated, so a corrupted snapshot is rejected
+//! with a message that names the group and the fingerprint, never half restored.
 //!
-//! Fingerprints and worker ids are written as 16 lowercase hex digits: JSON numbers above 2^53
-//! do not survive every JSON reader.
+//! Fingerprints and worker ids are written as 16 lowercase hex digits ([`crate::format::hex64`]):
+//! JSON numbers above 2^53 do not survive every JSON reader.
 
 use std::collections::HashSet;
 use std::fmt;
 
-use serde::de::{self, Deserializer};
+use serde::de::Deserializer;
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::WorkerId;
+use crate::format::{Format, VersionError, hex64};
 
-/// The snapshot format this build writes.
-pub const SNAPSHOT_VERSION: u32 = 1;
-
-/// The oldest snapshot format this build reads (migrating it to [`SNAPSHOT_VERSION`]).
-pub const OLDEST_READABLE_VERSION: u32 = 1;
+/// The format of group snapshots: the version this build writes, the oldest it reads and the
+/// migrations between them.
+pub const GROUP_SNAPSHOT: Format = Format {
+    what: "group snapshot",
+    current: 1,
+    oldest: 1,
+    migrations: &[],
+};
 
 /// The state of every group of a store: what [`MemoryStore::snapshot`](crate::MemoryStore::snapshot)
 /// takes and [`MemoryStore::restore`](crate::MemoryStore::restore) puts back.
 ///
 /// Groups are sorted by name and fingerprints by value, so equal states give equal snapshots.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "Envelope")]
+#[serde(try_from = "Value")]
 pub struct GroupSnapshot {
     version: u32,
     groups: Vec<SnapshotGroup>,
@@ -80,12 +83,13 @@ impl GroupSnapshot {
             g.fingerprints.sort_by_key(|f| f.fingerprint);
         }
         Self {
-            version: SNAPSHOT_VERSION,
+            version: GROUP_SNAPSHOT.current,
             groups,
         }
     }
 
-    /// The format version (always [`SNAPSHOT_VERSION`] once read: older ones are migrated).
+    /// The format version (always [`GROUP_SNAPSHOT`]'s current one once read: older ones are
+    /// migrated).
     pub fn version(&self) -> u32 {
         self.version
     }
@@ -103,8 +107,8 @@ impl GroupSnapshot {
 
     /// Reads a snapshot from JSON: checks the version, migrates an older format, validates.
     pub fn from_json(json: &str) -> Result<Self, SnapshotError> {
-        let envelope: Envelope = serde_json::from_str(json).map_err(SnapshotError::Malformed)?;
-        Self::try_from(envelope)
+        let value: Value = serde_json::from_str(json).map_err(SnapshotError::Malformed)?;
+        Self::try_from(value)
     }
 
     /// Checks what serde cannot: names present and unique, counts consistent.
@@ -162,44 +166,22 @@ impl GroupSnapshot {
     }
 }
 
-/// What every version of the format has: a version, and the rest to be read by that version's
-/// reader.
-#[derive(Deserialize)]
-struct Envelope {
-    version: Option<u32>,
-    #[serde(flatten)]
-    body: serde_json::Map<String, serde_json::Value>,
-}
-
-/// The body of format version 1.
+/// The body of the current format (the fields besides `version`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BodyV1 {
     groups: Vec<SnapshotGroup>,
 }
 
-impl TryFrom<Envelope> for GroupSnapshot {
+impl TryFrom<Value> for GroupSnapshot {
     type Error = SnapshotError;
 
-    fn try_from(envelope: Envelope) -> Result<Self, SnapshotError> {
-        let version = envelope.version.ok_or(SnapshotError::MissingVersion)?;
-        if version > SNAPSHOT_VERSION {
-            return Err(SnapshotError::TooNew {
-                found: version,
-                supported: SNAPSHOT_VERSION,
-            });
-        }
-        if version < OLDEST_READABLE_VERSION {
-            return Err(SnapshotError::TooOld {
-                found: version,
-                oldest: OLDEST_READABLE_VERSION,
-            });
-        }
-        // One reader per version still read, each migrating to the next; version 1 is current.
-        let body: BodyV1 = serde_json::from_value(serde_json::Value::Object(envelope.body))
+    /// Reads a snapshot from JSON: checks the version, migrates an older format, validates.
+    fn try_from(value: Value) -> Result<Self, SnapshotError> {
+        let body: BodyV1 = serde_json::from_value(Value::Object(GROUP_SNAPSHOT.open(&value)?))
             .map_err(SnapshotError::Malformed)?;
         let snapshot = Self {
-            version: SNAPSHOT_VERSION,
+            version: GROUP_SNAPSHOT.current,
             groups: body.groups,
         };
         snapshot.validate()?;
@@ -214,31 +196,9 @@ pub enum SnapshotError {
     /// Not JSON, or not shaped like a group snapshot (a field missing, of the wrong type, unknown).
     #[error("malformed group snapshot: {0}")]
     Malformed(#[source] serde_json::Error),
-    /// No `version` field.
-    #[error("group snapshot has no `version` field")]
-    MissingVersion,
-    /// Written by a newer loopguard.
-    #[error(
-        "group snapshot format version {found} is newer than this build reads (up to {supported}); \
-         restore it with the loopguard version that wrote it or a newer one"
-    )]
-    TooNew {
-        /// The snapshot's version.
-        found: u32,
-        /// The newest version this build reads.
-        supported: u32,
-    },
-    /// Older than any format this build can migrate.
-    #[error(
-        "group snapshot format version {found} is too old to migrate (this build reads versions \
-         {oldest} and later)"
-    )]
-    TooOld {
-        /// The snapshot's version.
-        found: u32,
-        /// The oldest version this build reads.
-        oldest: u32,
-    },
+    /// A version missing, newer than this build reads, or too old to migrate.
+    #[error(transparent)]
+    Version(#[from] VersionError),
     /// Well-formed but inconsistent: corrupted or edited by hand.
     #[error("invalid group snapshot: {0}")]
     Invalid(InvalidSnapshot),
@@ -286,24 +246,5 @@ impl Serialize for WorkerId {
 impl<'de> Deserialize<'de> for WorkerId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         hex64::deserialize(deserializer).map(WorkerId::from_raw)
-    }
-}
-
-/// A `u64` as exactly 16 lowercase hex digits.
-mod hex64 {
-    use super::{Deserialize, Deserializer, Serializer, de};
-
-    pub(super) fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&format_args!("{value:016x}"))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(de::Error::custom(format_args!(
-                "expected 16 hex digits, found `{text}`"
-            )));
-        }
-        u64::from_str_radix(&text, 16).map_err(de::Error::custom)
     }
 }

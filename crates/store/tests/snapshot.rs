@@ -2,8 +2,9 @@
 
 //! Snapshots of `MemoryStore`: round trips, versions, corrupted input.
 
+use loopguard_store::format::VersionError;
 use loopguard_store::{
-    GroupSnapshot, GroupStore, MemoryConfig, MemoryStore, SNAPSHOT_VERSION, SnapshotError,
+    GROUP_SNAPSHOT, GroupSnapshot, GroupStore, MemoryConfig, MemoryStore, SnapshotError,
     SnapshotFingerprint, SnapshotGroup, WorkerId,
 };
 use proptest::prelude::*;
@@ -51,7 +52,8 @@ fn json_is_versioned_sorted_and_uses_hex_for_64_bit_values() {
             r#"{{"version":1,"groups":[{{"group":"swarm-a","last_seen_ms":40,"fingerprints":[{{"fingerprint":"0000000000000003","count":1,"workers":["{x}"],"last_seen_ms":40}},{{"fingerprint":"ffffffffffffffff","count":2,"workers":["{x}","{y}"],"last_seen_ms":30}}]}},{{"group":"swarm-b","last_seen_ms":10,"fingerprints":[{{"fingerprint":"0000000000000007","count":1,"workers":["{x}"],"last_seen_ms":10}}]}}]}}"#
         )
     );
-    assert_eq!(SNAPSHOT_VERSION, 1);
+    assert_eq!(GROUP_SNAPSHOT.current, 1);
+    assert!(GROUP_SNAPSHOT.is_consistent());
 }
 
 #[test]
@@ -108,10 +110,11 @@ fn a_newer_version_is_refused_with_a_clear_error() {
     assert!(
         matches!(
             err,
-            SnapshotError::TooNew {
+            SnapshotError::Version(VersionError::TooNew {
                 found: 2,
-                supported: 1
-            }
+                supported: 1,
+                ..
+            })
         ),
         "{err:?}"
     );
@@ -128,10 +131,11 @@ fn an_older_version_than_any_reader_is_refused() {
     assert!(
         matches!(
             err,
-            SnapshotError::TooOld {
+            SnapshotError::Version(VersionError::TooOld {
                 found: 0,
-                oldest: 1
-            }
+                oldest: 1,
+                ..
+            })
         ),
         "{err:?}"
     );
@@ -145,7 +149,10 @@ fn an_older_version_than_any_reader_is_refused() {
 #[test]
 fn a_snapshot_without_version_is_refused() {
     let err = error_of(r#"{"groups":[]}"#);
-    assert!(matches!(err, SnapshotError::MissingVersion), "{err:?}");
+    assert!(
+        matches!(err, SnapshotError::Version(VersionError::Missing { .. })),
+        "{err:?}"
+    );
     assert_eq!(err.to_string(), "group snapshot has no `version` field");
 }
 
@@ -215,7 +222,10 @@ fn corrupted_snapshots_are_refused_with_the_place_and_reason() {
 fn malformed_snapshots_are_refused_with_serdes_message() {
     let cases = [
         (r#"{"version":1,"groups":["#, "EOF while parsing"),
-        (r#"{"version":"one","groups":[]}"#, "invalid type: string"),
+        (
+            r#"{"version":"one","groups":[]}"#,
+            "`version` must be a whole number, found `\"one\"`",
+        ),
         (r#"{"version":1}"#, "missing field `groups`"),
         (
             r#"{"version":1,"groups":[],"extra":1}"#,
@@ -229,12 +239,18 @@ fn malformed_snapshots_are_refused_with_serdes_message() {
             r#"{"version":1,"groups":[{"group":"g","last_seen_ms":0,"fingerprints":[{"fingerprint":12,"count":1,"workers":[],"last_seen_ms":0}]}]}"#,
             "invalid type: integer `12`",
         ),
-        ("[]", "invalid type: sequence"),
+        ("[]", "expected a JSON object with a `version` field"),
     ];
     for (json, expected) in cases {
         let err = error_of(json);
         assert!(
-            matches!(err, SnapshotError::Malformed(_)),
+            matches!(
+                err,
+                SnapshotError::Malformed(_)
+                    | SnapshotError::Version(
+                        VersionError::NotANumber { .. } | VersionError::NotAnObject { .. }
+                    )
+            ),
             "{json}: {err:?}"
         );
         let message = err.to_string();

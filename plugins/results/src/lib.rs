@@ -48,6 +48,7 @@
 
 use std::collections::VecDeque;
 
+use loopguard_hash::splitmix as mix;
 use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, Sessions, export_plugin};
 use serde_json::Value;
 
@@ -380,21 +381,9 @@ pub fn normalize(output: &str, mask_numbers: bool, max_bytes: usize) -> String {
 // ---------------------------------------------------------------------------------------------
 // Sketches
 
-fn mix(mut h: u64) -> u64 {
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
-
+/// A token's hash: FNV-1a, spread by [`mix`].
 fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    mix(h)
+    mix(loopguard_hash::fnv1a(bytes))
 }
 
 /// A result, remembered without its text.

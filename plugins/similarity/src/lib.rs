@@ -52,6 +52,8 @@
 
 use std::collections::VecDeque;
 
+// Call, group and result keys: a stable 64-bit hash of several byte strings.
+use loopguard_hash::fnv1a_fields as hash;
 use loopguard_plugin_sdk::{Detection, Detector, Event, EventKind, Sessions, export_plugin};
 use serde_json::Value;
 
@@ -335,22 +337,6 @@ fn preview(args: &str) -> String {
         p.push('…');
     }
     p
-}
-
-/// FNV-1a, then a finalizer: a stable 64-bit hash.
-fn hash(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in *part {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
 }
 
 #[derive(Debug)]

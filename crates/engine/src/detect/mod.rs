@@ -5,72 +5,16 @@ pub mod calls;
 pub mod results;
 pub mod text;
 
-/// The built-in detectors, in the order of `loopguard_rules::schema::DETECTOR_NAMES`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Det {
-    ExactRepeat = 0,
-    FuzzyRepeat,
-    Cycle,
-    Interleaved,
-    NoProgress,
-    SameOutcome,
-    ErrorCascade,
-    TestFix,
-    Monologue,
-    TextRepeat,
-    Chanting,
-    UnknownTool,
-    /// The group (swarm) scope: one fingerprint repeated across the workers of a group. Not a
-    /// policy detector (its parameters are the policy's `group` section).
-    GroupLoop,
-}
+/// The built-in detectors: the one list of `loopguard_rules::schema` (names, `{pattern}`
+/// words, parameters), with the group loop last.
+pub use loopguard_rules::Detector as Det;
 
-impl Det {
-    pub fn name(self) -> &'static str {
-        match self {
-            Det::ExactRepeat => "exact_repeat",
-            Det::FuzzyRepeat => "fuzzy_repeat",
-            Det::Cycle => "cycle",
-            Det::Interleaved => "interleaved",
-            Det::NoProgress => "no_progress",
-            Det::SameOutcome => "same_outcome",
-            Det::ErrorCascade => "error_cascade",
-            Det::TestFix => "test_fix",
-            Det::Monologue => "monologue",
-            Det::TextRepeat => "text_repeat",
-            Det::Chanting => "chanting",
-            Det::UnknownTool => "unknown_tool",
-            Det::GroupLoop => "group_loop",
-        }
-    }
-
-    /// A short description used for the `{pattern}` placeholder.
-    pub fn pattern(self) -> &'static str {
-        match self {
-            Det::ExactRepeat => "the same call",
-            Det::FuzzyRepeat => "nearly the same call",
-            Det::Cycle => "a cycle of calls",
-            Det::Interleaved => "the same failing call between other calls",
-            Det::NoProgress => "the same call with the same result",
-            Det::SameOutcome => "different calls with the same outcome",
-            Det::ErrorCascade => "one tool failing again and again",
-            Det::TestFix => "failing test runs",
-            Det::Monologue => "turns without a tool call",
-            Det::TextRepeat => "the same text",
-            Det::Chanting => "a repeated sentence or paragraph",
-            Det::UnknownTool => "a tool that does not exist",
-            Det::GroupLoop => "the same call across the workers of a swarm",
-        }
-    }
-
-    /// Tag mixed into loop keys so loops of different kinds never share a counter (the
-    /// exact-key detectors share one on purpose).
-    pub fn loop_tag(self) -> u64 {
-        match self {
-            Det::ExactRepeat | Det::NoProgress | Det::Interleaved => 0,
-            other => 0x9e37_79b9_7f4a_7c15 ^ (other as u64 + 1),
-        }
+/// Tag mixed into loop keys so loops of different kinds never share a counter (the exact-key
+/// detectors share one on purpose).
+fn loop_tag(det: Det) -> u64 {
+    match det {
+        Det::ExactRepeat | Det::NoProgress | Det::Interleaved => 0,
+        other => 0x9e37_79b9_7f4a_7c15 ^ (other as u64 + 1),
     }
 }
 
@@ -293,7 +237,7 @@ impl Detection {
 
     /// The key of the loop's escalation counter.
     pub fn loop_key(&self) -> u64 {
-        match self.det.loop_tag() {
+        match loop_tag(self.det) {
             0 => self.key,
             t => crate::hash::combine(self.key, t),
         }
@@ -305,23 +249,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_follow_the_schema_order() {
-        let all = [
-            Det::ExactRepeat,
-            Det::FuzzyRepeat,
-            Det::Cycle,
-            Det::Interleaved,
-            Det::NoProgress,
-            Det::SameOutcome,
-            Det::ErrorCascade,
-            Det::TestFix,
-            Det::Monologue,
-            Det::TextRepeat,
-            Det::Chanting,
-            Det::UnknownTool,
-        ];
-        let names: Vec<&str> = all.iter().map(|d| d.name()).collect();
-        assert_eq!(names, loopguard_rules::schema::DETECTOR_NAMES);
+    fn a_record_is_32_bytes() {
         assert_eq!(std::mem::size_of::<Record>(), 32);
     }
 }

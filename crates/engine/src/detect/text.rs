@@ -411,7 +411,7 @@ fn is_list_item(t: &str) -> bool {
 /// punctuation left out, hashed (FNV-1a) and summed, in one pass. `None` for fewer than four
 /// words (short phrases in another order are ordinary text).
 fn bag_hash(s: &str) -> Option<u64> {
-    const START: u64 = 0xcbf2_9ce4_8422_2325;
+    use crate::hash::{FNV_OFFSET as START, fnv1a_byte};
     let mut sum = 0u64;
     let mut words = 0u32;
     let mut h = START;
@@ -423,7 +423,7 @@ fn bag_hash(s: &str) -> Option<u64> {
                 h = START;
             }
         } else if !b.is_ascii_punctuation() {
-            h = (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x0100_0000_01b3);
+            h = fnv1a_byte(h, b.to_ascii_lowercase());
         }
     }
     if h != START {

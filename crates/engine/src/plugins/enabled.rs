@@ -214,7 +214,8 @@ pub fn load_plugins(policy: &Policy) -> Result<Vec<LoadedPlugin>, Vec<PluginLoad
 impl Plugins {
     pub(crate) fn new(mut list: Vec<LoadedPlugin>) -> Plugins {
         for (i, p) in list.iter_mut().enumerate() {
-            p.tag = fnv(p.name.as_bytes()) ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            p.tag = loopguard_hash::fnv1a(p.name.as_bytes())
+                ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         }
         Plugins { list }
     }
@@ -252,11 +253,7 @@ impl Plugins {
                         hits.notes.push(Note {
                             code: "plugin_poisoned",
                             plugin: p.name.clone(),
-                            message: format!(
-                                "plugin `{}` panicked and is disabled: it is skipped from now on ({})",
-                                p.name,
-                                p.plugin.path().display()
-                            ),
+                            message: crate::message::plugin_poisoned(&p.name, p.plugin.path()),
                         });
                     }
                 }
@@ -266,10 +263,7 @@ impl Plugins {
                         hits.notes.push(Note {
                             code: "plugin_error",
                             plugin: p.name.clone(),
-                            message: format!(
-                                "plugin `{}` failed with status {code}; its answer was ignored (later failures are only counted)",
-                                p.name
-                            ),
+                            message: crate::message::plugin_failed(&p.name, code),
                         });
                     }
                 }
@@ -277,10 +271,4 @@ impl Plugins {
         }
         hits
     }
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }

@@ -143,10 +143,7 @@ impl Session {
         };
         Verdict {
             action: Action::Block,
-            message: format!(
-                "Refused: {} was not run. The shared loop-detection state of swarm `{group}` is unreachable and this deployment refuses calls it cannot check. Wait a moment and try again, or tell the user the swarm cannot proceed.",
-                c.tool
-            ),
+            message: crate::message::store_unreachable(c.tool, group),
             detector: Some(Cow::Borrowed("group_store")),
             rule: Some("group.store".to_owned()),
             count: 0,

@@ -115,11 +115,11 @@ impl Session {
         let tool_name = tool.as_ref().map_or("the tool", |t| &*t.name);
         let warning = Verdict {
             action: Action::Warn,
-            message: format!(
-                "{tool_name} keeps producing the same outcome ({}, {} times). The next {tool_name} call will be refused unless you change your approach.{}",
+            message: crate::message::refusal_waits(
+                tool_name,
                 verdict.detector.as_deref().unwrap_or("loop"),
                 verdict.count,
-                if file_tools_hint { FILE_TOOLS_HINT } else { "" }
+                file_tools_hint,
             ),
             ..verdict.clone()
         };

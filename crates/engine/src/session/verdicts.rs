@@ -4,9 +4,9 @@ use super::*;
 
 impl Session {
     /// Picks the most severe outcome among the detections, the built-in detectors' and the
-    /// plugins' (ties: detector order, built-in first), counts it against its loop, and builds
-    /// the verdict; plugin notes ride along. Also says whether the message carries the hint to
-    /// use the file tools (failing shell file operations).
+    /// plugins' (ties: detector order, built-in first, then plugins in policy order), counts it
+    /// against its loop, and builds the verdict; plugin notes ride along. Also says whether the
+    /// message carries the hint to use the file tools (failing shell file operations).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn escalate(
         &mut self,
@@ -19,86 +19,62 @@ impl Session {
         now: u32,
     ) -> (Verdict, bool) {
         let mut best: Option<Decision<'_>> = None;
-        for d in cands.iter().flatten() {
-            let loops = self.loops_for(d.det);
-            let Some(dec) = decide(rules, loops, self.flags, d, category, occasion) else {
+        let found = cands
+            .iter()
+            .flatten()
+            .map(|d| Found::Builtin(*d))
+            .chain(hits.found(&rules.plugins));
+        for f in found {
+            let loops = self.loops_for(&f);
+            let Some(dec) = decide(rules, loops, self.flags, f, category, occasion) else {
                 continue;
             };
             if best.as_ref().is_none_or(|b| dec.action > b.action) {
                 best = Some(dec);
             }
         }
-        if hits.is_empty() {
-            return self.builtin_verdict(rules, best, category, occasion, call, now);
-        }
-        let builtin = best.as_ref().map(|b| b.action);
-        let (mut verdict, hint) = match plugins::decide(
-            rules,
-            &self.loops,
-            self.flags,
-            &hits,
-            category,
-            occasion,
-            builtin,
-        ) {
-            Some(p) => {
-                self.loops.commit(p.loop_key, occasion);
-                if p.action == Action::Allow {
-                    (Verdict::allow(), false)
-                } else {
-                    let flags_before = self.flags;
-                    self.flags = self.flags.saturating_add(1);
-                    let this = (occasion & TEXT_OCCASION == 0).then(|| CallRef {
-                        seq: occasion,
-                        call_id: self.id_of(occasion as u32),
-                    });
-                    let v = plugins::verdict(rules, &p, &hits, category, call, this, flags_before);
-                    (v, false)
-                }
-            }
-            None => self.builtin_verdict(rules, best, category, occasion, call, now),
+        let Some(dec) = best else {
+            return (
+                Verdict {
+                    notes: hits.notes,
+                    ..Verdict::allow()
+                },
+                false,
+            );
         };
+        self.loops_for_mut(&dec.found)
+            .commit(dec.found.loop_key(), occasion);
+        let mut verdict = if dec.action == Action::Allow {
+            Verdict::allow()
+        } else {
+            let flags_before = self.flags;
+            self.flags = self.flags.saturating_add(1);
+            let verdict =
+                self.build_verdict(rules, &dec, category, call, flags_before, occasion, now);
+            if let Some(start) = &verdict.loop_start {
+                self.ids.pin(start.seq as u32);
+            }
+            verdict
+        };
+        let hint = verdict.action != Action::Allow && dec.found.file_tools_hint();
         verdict.notes = hits.notes;
         (verdict, hint)
     }
 
-    pub(super) fn builtin_verdict(
-        &mut self,
-        rules: &CompiledRules,
-        best: Option<Decision<'_>>,
-        category: Option<usize>,
-        occasion: u64,
-        call: Option<&Call<'_>>,
-        now: u32,
-    ) -> (Verdict, bool) {
-        let Some(dec) = best else {
-            return (Verdict::allow(), false);
-        };
-        self.loops_for_mut(dec.detection.det)
-            .commit(dec.detection.loop_key(), occasion);
-        if dec.action == Action::Allow {
-            return (Verdict::allow(), false);
-        }
-        let flags_before = self.flags;
-        self.flags = self.flags.saturating_add(1);
-        let verdict = self.build_verdict(rules, &dec, category, call, flags_before, now);
-        if let Some(start) = &verdict.loop_start {
-            self.ids.pin(start.seq as u32);
-        }
-        (verdict, dec.detection.file_tools_hint)
-    }
-
-    pub(super) fn build_verdict(
+    /// The verdict of a decision (not `allow`), for a built-in detector and a plugin alike.
+    #[allow(clippy::too_many_arguments)]
+    fn build_verdict(
         &self,
         rules: &CompiledRules,
         dec: &Decision<'_>,
         category: Option<usize>,
         call: Option<&Call<'_>>,
         flags_before: u32,
+        occasion: u64,
         now: u32,
     ) -> Verdict {
-        let d = &dec.detection;
-        let tool_info = d.tool.and_then(|id| rules.tool_by_id(id));
+        let found = &dec.found;
+        let tool_info = found.tool().and_then(|id| rules.tool_by_id(id));
         let tool_name: Cow<'_, str> = match (call, &tool_info) {
             (Some(c), _) => Cow::Borrowed(c.tool),
             (None, Some(t)) => Cow::Owned(t.name.to_string()),
@@ -108,11 +84,7 @@ impl Session {
             .and_then(|i| rules.config.categories.get(i))
             .map_or("", |c| c.name.as_str());
         // The group ladder is the policy's choice for the swarm, not the tool category's.
-        let in_category = if d.det == Det::GroupLoop {
-            ""
-        } else {
-            category_name
-        };
+        let in_category = if found.is_group() { "" } else { category_name };
         let rule = crate::escalation::rule_name(in_category, dec.ladder, dec.step);
         let file = match (call, &tool_info) {
             (Some(c), Some(t)) => file_of(&rules.fingerprint, &t.keys, &c.arguments),
@@ -120,25 +92,61 @@ impl Session {
         };
         let vars = Vars {
             tool: &tool_name,
-            count: d.count,
-            detector: d.det.name(),
+            count: found.count(),
+            detector: found.detector(),
             rule: &rule,
-            pattern: d.det.pattern(),
+            pattern: found.pattern(),
             category: category_name,
-            threshold: d.threshold,
+            threshold: found.threshold(),
             window: rules.config.window_size,
             file: &file,
             flags: flags_before,
             action: dec.action.as_str(),
-            workers: match (d.det, self.group.as_deref()) {
-                (Det::GroupLoop, Some(m)) => m.workers,
+            workers: match (found.is_group(), self.group.as_deref()) {
+                (true, Some(m)) => m.workers,
                 _ => 1,
             },
         };
-        let mut message = crate::escalation::message(dec.step, dec.action, &vars, None);
-        if d.file_tools_hint {
-            message.push_str(FILE_TOOLS_HINT);
+        let message = crate::message::verdict(
+            dec.step,
+            dec.action,
+            &vars,
+            found.detail(),
+            found.file_tools_hint(),
+        );
+        let (calls, loop_start) = match found {
+            Found::Builtin(d) => {
+                let calls = self.calls_of(d, now);
+                let start = calls.first().cloned();
+                (calls, start)
+            }
+            // A plugin says that a loop is going on, not where it started: the verdict names
+            // the call the event is about.
+            Found::Plugin(_) => {
+                let this = (occasion & TEXT_OCCASION == 0).then(|| CallRef {
+                    seq: occasion,
+                    call_id: self.id_of(occasion as u32),
+                });
+                (this.into_iter().collect(), None)
+            }
+        };
+        Verdict {
+            action: dec.action,
+            message,
+            detector: Some(match found {
+                Found::Builtin(d) => Cow::Borrowed(d.det.name()),
+                Found::Plugin(p) => Cow::Owned(p.name.to_owned()),
+            }),
+            rule: Some(rule),
+            count: found.count(),
+            calls,
+            loop_start,
+            notes: Vec::new(),
         }
+    }
+
+    /// The calls of the window a detection involves, oldest first.
+    fn calls_of(&self, d: &Detection, now: u32) -> Vec<CallRef> {
         let mut calls = Vec::new();
         if d.involved != Involved::None {
             let w = self.window(now);
@@ -154,17 +162,7 @@ impl Session {
                 }
             }
         }
-        let loop_start = calls.first().cloned();
-        Verdict {
-            action: dec.action,
-            message,
-            detector: Some(Cow::Borrowed(d.det.name())),
-            rule: Some(rule),
-            count: d.count,
-            calls,
-            loop_start,
-            notes: Vec::new(),
-        }
+        calls
     }
 }
 
