@@ -23,7 +23,7 @@
 //! prompts they send.
 
 use axum::http::HeaderMap;
-use xxhash_rust::xxh3::xxh3_64;
+use loopguard_hash::xxh3 as xxh3_64;
 
 use crate::body::Body;
 use crate::wire::Wire;
@@ -51,7 +51,7 @@ pub fn credential(headers: &HeaderMap) -> Option<&str> {
 
 /// The keyed hash of a credential (`seed` is the proxy's secret, chosen at start).
 pub fn key_hash(key: &str, seed: u64) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), seed)
+    loopguard_hash::xxh3_keyed(key.as_bytes(), seed)
 }
 
 /// The caller part of a session id: `key:<keyed hash>` or `anon`.

@@ -11,7 +11,7 @@ use loopguard_engine::{Action, Arguments, Call, Engine, Event, Text, UserMessage
 use loopguard_rules::{Policy, Settings};
 use loopguard_transcript::Kind;
 use serde_json::{Value, json};
-use xxhash_rust::xxh3::xxh3_64;
+use loopguard_hash::xxh3 as xxh3_64;
 
 use crate::body::{Body, Messages};
 use crate::commands;
