@@ -8,10 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, StatusCode};
 use loopguard_engine::{Action, Arguments, Call, Engine, Event, Text, UserMessage, Verdict};
+use loopguard_hash::xxh3 as xxh3_64;
 use loopguard_rules::{Policy, Settings};
 use loopguard_transcript::Kind;
 use serde_json::{Value, json};
-use loopguard_hash::xxh3 as xxh3_64;
 
 use crate::body::{Body, Messages};
 use crate::commands;

@@ -509,44 +509,33 @@ impl<J: Judge> Stream<J> {
     }
 }
 
+impl<J: Judge> super::Events for Stream<J> {
+    const WIRE: Wire = Wire::Chat;
+
+    fn splitter(&mut self) -> &mut sse::Splitter {
+        &mut self.splitter
+    }
+
+    fn stream_state(&mut self) -> &mut StreamState {
+        &mut self.state
+    }
+
+    fn on_event(&mut self, ev: sse::Event, out: &mut Vec<String>) {
+        Stream::on_event(self, ev, out);
+    }
+
+    fn at_end(&mut self, out: &mut Vec<String>) {
+        self.flush_pending(out);
+    }
+}
+
 impl<J: Judge> Rewriter<J> for Stream<J> {
     fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.state.closed {
-            return out;
-        }
-        let mut events = Vec::new();
-        let too_large = self.splitter.push(bytes, &mut events).is_err();
-        for ev in events {
-            if self.state.closed {
-                break;
-            }
-            self.on_event(ev, &mut out);
-        }
-        if too_large && !self.state.closed {
-            self.state
-                .fail(Wire::Chat, &mut out, "an SSE event larger than 16 MiB");
-        }
-        out
+        super::feed(self, bytes)
     }
 
     fn finish(&mut self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.state.closed {
-            return out;
-        }
-        let mut events = Vec::new();
-        self.splitter.finish(&mut events);
-        for ev in events {
-            if self.state.closed {
-                break;
-            }
-            self.on_event(ev, &mut out);
-        }
-        if !self.state.closed {
-            self.flush_pending(&mut out);
-        }
-        out
+        super::end(self)
     }
 
     fn state(&self) -> &StreamState {

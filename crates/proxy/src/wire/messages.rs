@@ -468,48 +468,39 @@ fn tool_input(start: Option<&Value>, json: &str) -> String {
     }
 }
 
+impl<J: Judge> super::Events for Stream<J> {
+    const WIRE: Wire = Wire::Messages;
+
+    fn splitter(&mut self) -> &mut sse::Splitter {
+        &mut self.splitter
+    }
+
+    fn stream_state(&mut self) -> &mut StreamState {
+        &mut self.state
+    }
+
+    fn on_event(&mut self, ev: sse::Event, out: &mut Vec<String>) {
+        Stream::on_event(self, ev, out);
+    }
+
+    fn at_end(&mut self, out: &mut Vec<String>) {
+        if !self.judged && !self.blocks.is_empty() {
+            let judged = self.judge_turn();
+            match judged.terminate {
+                Some(e) => self.state.stop(Wire::Messages, out, e),
+                None => self.release(&judged, out),
+            }
+        }
+    }
+}
+
 impl<J: Judge> Rewriter<J> for Stream<J> {
     fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.state.closed {
-            return out;
-        }
-        let mut events = Vec::new();
-        let too_large = self.splitter.push(bytes, &mut events).is_err();
-        for ev in events {
-            if self.state.closed {
-                break;
-            }
-            self.on_event(ev, &mut out);
-        }
-        if too_large && !self.state.closed {
-            self.state
-                .fail(Wire::Messages, &mut out, "an SSE event larger than 16 MiB");
-        }
-        out
+        super::feed(self, bytes)
     }
 
     fn finish(&mut self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.state.closed {
-            return out;
-        }
-        let mut events = Vec::new();
-        self.splitter.finish(&mut events);
-        for ev in events {
-            if self.state.closed {
-                break;
-            }
-            self.on_event(ev, &mut out);
-        }
-        if !self.state.closed && !self.judged && !self.blocks.is_empty() {
-            let judged = self.judge_turn();
-            match judged.terminate {
-                Some(e) => self.state.stop(Wire::Messages, &mut out, e),
-                None => self.release(&judged, &mut out),
-            }
-        }
-        out
+        super::end(self)
     }
 
     fn state(&self) -> &StreamState {

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use crate::body::{Body, Messages, Peek};
 use crate::commands::{self, Command};
 use crate::judge::{CallIn, Intervention, Judge};
+use crate::sse;
 
 /// Prefix of every text the proxy writes into a conversation.
 pub const MARK: &str = "[loopguard]";
@@ -382,6 +383,62 @@ pub trait Rewriter<J>: Send {
     fn answer(&self) -> Option<Value>;
     /// The judge, taken back.
     fn into_judge(self: Box<Self>) -> J;
+}
+
+/// What a format's stream rewriter does with the events of the stream; [`feed`] and [`end`]
+/// run them through it (the part every format shares).
+pub(crate) trait Events {
+    /// The format.
+    const WIRE: Wire;
+    /// The splitter of the stream's bytes into events.
+    fn splitter(&mut self) -> &mut sse::Splitter;
+    /// The stream's state.
+    fn stream_state(&mut self) -> &mut StreamState;
+    /// Handles one event, adding what the client gets to `out`.
+    fn on_event(&mut self, ev: sse::Event, out: &mut Vec<String>);
+    /// The stream ended: judges and releases what is still held.
+    fn at_end(&mut self, out: &mut Vec<String>);
+}
+
+/// Feeds upstream bytes through a rewriter; returns the events for the client.
+pub(crate) fn feed<E: Events>(e: &mut E, bytes: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    if e.stream_state().closed {
+        return out;
+    }
+    let mut events = Vec::new();
+    let too_large = e.splitter().push(bytes, &mut events).is_err();
+    for ev in events {
+        if e.stream_state().closed {
+            break;
+        }
+        e.on_event(ev, &mut out);
+    }
+    if too_large && !e.stream_state().closed {
+        e.stream_state()
+            .fail(E::WIRE, &mut out, "an SSE event larger than 16 MiB");
+    }
+    out
+}
+
+/// Ends a rewriter's stream: an unfinished event is handled, then what is still held.
+pub(crate) fn end<E: Events>(e: &mut E) -> Vec<String> {
+    let mut out = Vec::new();
+    if e.stream_state().closed {
+        return out;
+    }
+    let mut events = Vec::new();
+    e.splitter().finish(&mut events);
+    for ev in events {
+        if e.stream_state().closed {
+            break;
+        }
+        e.on_event(ev, &mut out);
+    }
+    if !e.stream_state().closed {
+        e.at_end(&mut out);
+    }
+    out
 }
 
 /// What a stream rewriter knows about the stream so far.

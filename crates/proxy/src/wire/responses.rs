@@ -579,49 +579,40 @@ fn obj(v: Value) -> Map<String, Value> {
     }
 }
 
+impl<J: Judge> super::Events for Stream<J> {
+    const WIRE: Wire = Wire::Responses;
+
+    fn splitter(&mut self) -> &mut sse::Splitter {
+        &mut self.splitter
+    }
+
+    fn stream_state(&mut self) -> &mut StreamState {
+        &mut self.state
+    }
+
+    fn on_event(&mut self, ev: sse::Event, out: &mut Vec<String>) {
+        Stream::on_event(self, ev, out);
+    }
+
+    fn at_end(&mut self, out: &mut Vec<String>) {
+        let pending = self.items.values().any(|i| matches!(i, Item::Call { .. }));
+        if self.judged.is_none() && pending {
+            let judged = self.judge_turn();
+            match judged.terminate.clone() {
+                Some(e) => self.state.stop(Wire::Responses, out, e),
+                None => self.release(&judged, out),
+            }
+        }
+    }
+}
+
 impl<J: Judge> Rewriter<J> for Stream<J> {
     fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.state.closed {
-            return out;
-        }
-        let mut events = Vec::new();
-        let too_large = self.splitter.push(bytes, &mut events).is_err();
-        for ev in events {
-            if self.state.closed {
-                break;
-            }
-            self.on_event(ev, &mut out);
-        }
-        if too_large && !self.state.closed {
-            self.state
-                .fail(Wire::Responses, &mut out, "an SSE event larger than 16 MiB");
-        }
-        out
+        super::feed(self, bytes)
     }
 
     fn finish(&mut self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.state.closed {
-            return out;
-        }
-        let mut events = Vec::new();
-        self.splitter.finish(&mut events);
-        for ev in events {
-            if self.state.closed {
-                break;
-            }
-            self.on_event(ev, &mut out);
-        }
-        let pending = self.items.values().any(|i| matches!(i, Item::Call { .. }));
-        if !self.state.closed && self.judged.is_none() && pending {
-            let judged = self.judge_turn();
-            match judged.terminate.clone() {
-                Some(e) => self.state.stop(Wire::Responses, &mut out, e),
-                None => self.release(&judged, &mut out),
-            }
-        }
-        out
+        super::end(self)
     }
 
     fn state(&self) -> &StreamState {
