@@ -3,9 +3,9 @@
 //! Maskers start only at the first byte of a word (a run of ASCII letters, digits and `_`) or
 //! at one of four other bytes (`ESC`, `(`, `#`, `/`). A byte-class table says what each byte
 //! may start, so most bytes cost one lookup. A word is scanned once; what the scan learns (its
-//! length, whether it holds digits, letters, bytes that are no hex digit) and the byte after
-//! its leading digits rule out most maskers before any is tried, and a word that no masker
-//! matched is passed over whole. `reference.rs` (tests) holds the plain form of every masker,
+//! length, its leading digits, whether it holds digits, letters, bytes that are no hex digit)
+//! and the byte after its leading digits rule out most maskers before any is tried, and a word
+//! that no masker matched is passed over whole. `reference.rs` (tests) holds the plain form of every masker,
 //! tried at every byte; a property test checks that both mask every text alike.
 
 use super::Maskers;
@@ -83,25 +83,21 @@ pub(super) fn mask_into<S: Sink>(m: &Maskers, s: &str, out: &mut S) {
     let b = s.as_bytes();
     let mut i = 0;
     let mut copied = 0;
-    while let Some(&c) = b.get(i) {
-        let k = class(c);
+    while i < b.len() {
+        let k = class(b[i]);
         if k == 0 {
             i += 1;
             continue;
         }
         let hit = if k & WORD != 0 {
-            let (end, acc) = word(b, i);
+            let w = word(b, i);
             // Maskers start at a word's first byte, never inside a word (where a mask that
             // ended can leave the scan).
             let first = k & ALNUM != 0 && (i == 0 || !is_word(b[i - 1]));
-            match if first {
-                word_at(m, b, i, end, acc)
-            } else {
-                None
-            } {
+            match if first { word_at(m, b, i, w) } else { None } {
                 Some(hit) => hit,
                 None => {
-                    i = end;
+                    i = w.end;
                     continue;
                 }
             }
@@ -126,27 +122,48 @@ pub(super) fn mask_into<S: Sink>(m: &Maskers, s: &str, out: &mut S) {
     out.text(&s[copied.min(s.len())..]);
 }
 
-/// The end of the word starting at `i`, and the union of its bytes' classes.
+/// The word starting at `i`: where it ends, the union of its bytes' classes
+/// ([`DIGIT`], [`HEX_LETTER`], [`LETTER`], [`UNDERSCORE`]), and how many digits it starts with.
+#[derive(Clone, Copy, Debug)]
+struct Word {
+    end: usize,
+    acc: u8,
+    lead_digits: usize,
+}
+
+/// Scans the word starting at `i`.
 #[inline(always)]
-fn word(b: &[u8], i: usize) -> (usize, u8) {
+fn word(b: &[u8], i: usize) -> Word {
     let mut j = i;
     let mut acc = 0;
-    while let Some(&c) = b.get(j) {
-        let k = class(c);
+    while j < b.len() {
+        let k = class(b[j]);
         if k & WORD == 0 {
             break;
         }
         acc |= k;
         j += 1;
     }
-    (j, acc)
+    let lead_digits = if acc == DIGIT {
+        j - i
+    } else if acc & DIGIT == 0 {
+        0
+    } else {
+        digits(b, i)
+    };
+    Word {
+        end: j,
+        acc,
+        lead_digits,
+    }
 }
 
-/// The masker matching at `i`, the first byte of the word `b[i..end]` (an ASCII letter or
-/// digit) whose bytes' classes are `acc`: its length and replacement. Maskers are tried in a
-/// fixed order; each is tried only if the word could start it.
+/// The masker matching at `i`, the first byte (an ASCII letter or digit) of the word `w`: its
+/// length and replacement. Maskers are tried in a fixed order; each is tried only if the word
+/// could start it.
 #[inline]
-fn word_at(m: &Maskers, b: &[u8], i: usize, end: usize, acc: u8) -> Option<(usize, &'static str)> {
+fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static str)> {
+    let Word { end, acc, .. } = w;
     let c = b[i];
     let len = end - i;
     let next = b.get(end).copied();
@@ -154,7 +171,7 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, end: usize, acc: u8) -> Option<(usiz
     // A uuid's first group is a whole word: 8 hex digits, then `-`.
     let uuid = |m: &Maskers| m.uuids && len == 8 && hex_word && next == Some(b'-') && uuid_at(b, i);
     if class(c) & DIGIT != 0 {
-        let n = if acc == DIGIT { len } else { digits(b, i) };
+        let n = w.lead_digits;
         let after = b.get(i + n).copied();
         if m.timestamps
             && matches!(after, Some(b'-' | b'/' | b':'))
@@ -212,7 +229,7 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, end: usize, acc: u8) -> Option<(usiz
         if m.pids
             && matches!(len, 3 | 4)
             && matches!(c, b'p' | b'P' | b't' | b'T')
-            && let Some(len) = pid_len(b, i)
+            && let Some(len) = pid_len(b, i, end)
         {
             return Some((len, "pid <n>"));
         }
@@ -229,7 +246,7 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, end: usize, acc: u8) -> Option<(usiz
         && matches!(len, 3 | 5 | 7 | 8 | 9)
         && matches!(c | 0x20, b'a' | b'r' | b't' | b'i' | b'b')
     {
-        return counter_at(b, i);
+        return counter_at(b, i, end);
     }
     None
 }
@@ -267,8 +284,22 @@ fn end_ok(b: &[u8], j: usize) -> bool {
 
 #[inline]
 fn digits(b: &[u8], i: usize) -> usize {
-    b.get(i..)
-        .map_or(0, |t| t.iter().take_while(|c| c.is_ascii_digit()).count())
+    let mut j = i;
+    while j < b.len() && b[j].is_ascii_digit() {
+        j += 1;
+    }
+    j.max(i) - i
+}
+
+#[inline(always)]
+fn digit_at(b: &[u8], j: usize) -> bool {
+    b.get(j).is_some_and(u8::is_ascii_digit)
+}
+
+/// Exactly two digits at `j`.
+#[inline(always)]
+fn two_digits(b: &[u8], j: usize) -> bool {
+    digit_at(b, j) && digit_at(b, j + 1) && !digit_at(b, j + 2)
 }
 
 #[inline]
@@ -323,27 +354,34 @@ fn temp_len(b: &[u8], i: usize) -> Option<usize> {
     (n > 0).then_some(prefix.len() + n)
 }
 
-/// `pid 7`, `PGID: 48213`, `tid=3` at `i`: the word, separators, a number.
-fn pid_len(b: &[u8], i: usize) -> Option<usize> {
-    for word in ["pid", "pgid", "ppid", "tid"] {
-        if !starts_ci(b, i, word) {
-            continue;
-        }
-        let mut j = i + word.len();
-        while j < b.len() && matches!(b[j], b' ' | b':' | b'=' | b'#') {
-            j += 1;
-        }
-        let n = digits(b, j);
-        if n > 0 && j > i + word.len() && end_ok(b, j + n) {
-            return Some(j + n - i);
-        }
+/// `pid 7`, `PGID: 48213`, `tid=3` at `i`: the word `b[i..end]`, separators, a number.
+fn pid_len(b: &[u8], i: usize, end: usize) -> Option<usize> {
+    let word = &b[i..end];
+    if !["pid", "pgid", "ppid", "tid"]
+        .iter()
+        .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
+    {
+        return None;
     }
-    None
+    number_after(b, i, end, b" :=#")
 }
 
-/// `attempt 2`, `retry #3`, `run: 9` at `i`: a counter word, separators, a number.
-fn counter_at(b: &[u8], i: usize) -> Option<(usize, &'static str)> {
-    for (word, rep) in [
+/// The end of `separators number` after the word `b[i..end]` (at least one separator from
+/// `set`, then digits ending a word), as a length from `i`.
+#[inline]
+fn number_after(b: &[u8], i: usize, end: usize, set: &[u8]) -> Option<usize> {
+    let mut j = end;
+    while b.get(j).is_some_and(|c| set.contains(c)) {
+        j += 1;
+    }
+    let n = digits(b, j);
+    (n > 0 && j > end && end_ok(b, j + n)).then_some(j + n - i)
+}
+
+/// `attempt 2`, `retry #3`, `run: 9` at `i`: a counter word `b[i..end]`, separators, a number.
+fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, &'static str)> {
+    let word = &b[i..end];
+    let rep = [
         ("attempt", "attempt <n>"),
         ("retry", "retry <n>"),
         ("try", "try <n>"),
@@ -352,19 +390,11 @@ fn counter_at(b: &[u8], i: usize) -> Option<(usize, &'static str)> {
         ("revision", "revision <n>"),
         ("build", "build <n>"),
         ("run", "run <n>"),
-    ] {
-        if starts_ci(b, i, word) {
-            let mut j = i + word.len();
-            while j < b.len() && matches!(b[j], b' ' | b'#' | b':' | b'=') {
-                j += 1;
-            }
-            let n = digits(b, j);
-            if n > 0 && j > i + word.len() && end_ok(b, j + n) {
-                return Some((j + n - i, rep));
-            }
-        }
-    }
-    None
+    ]
+    .into_iter()
+    .find(|(w, _)| word.eq_ignore_ascii_case(w.as_bytes()))?
+    .1;
+    number_after(b, i, end, b" #:=").map(|len| (len, rep))
 }
 
 /// Key names (or their last `_` part) whose numeric values are ids, times and timings.
@@ -458,17 +488,16 @@ fn id_len(b: &[u8], i: usize) -> Option<usize> {
 }
 
 fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
-    let d2 = |j: usize| digits(b, j) == 2;
     // 2024-01-02[T ]12:34:56[.123][Z|+01:00]
     if n == 4
         && matches!(b.get(i + 4), Some(b'-' | b'/'))
-        && d2(i + 5)
+        && two_digits(b, i + 5)
         && b.get(i + 7) == b.get(i + 4)
-        && d2(i + 8)
+        && two_digits(b, i + 8)
     {
         let mut j = i + 10;
         if matches!(b.get(j), Some(b'T' | b' '))
-            && digits(b, j + 1) == 2
+            && two_digits(b, j + 1)
             && b.get(j + 3) == Some(&b':')
         {
             j = time_end(b, j + 1);
@@ -478,7 +507,7 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     // 12:34:56[.123]
     if (1..=2).contains(&n)
         && b.get(i + n) == Some(&b':')
-        && d2(i + n + 1)
+        && two_digits(b, i + n + 1)
         && b.get(i + n + 3) == Some(&b':')
     {
         return Some(time_end(b, i) - i);
@@ -489,20 +518,20 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
 /// End of `hh:mm[:ss[.frac]][Z|±hh[:]mm]` starting at `j`.
 fn time_end(b: &[u8], j: usize) -> usize {
     let mut j = j + digits(b, j);
-    while b.get(j) == Some(&b':') && digits(b, j + 1) == 2 {
+    while b.get(j) == Some(&b':') && two_digits(b, j + 1) {
         j += 3;
     }
-    if matches!(b.get(j), Some(b'.' | b',')) && digits(b, j + 1) > 0 {
+    if matches!(b.get(j), Some(b'.' | b',')) && digit_at(b, j + 1) {
         j += 1 + digits(b, j + 1);
     }
     match b.get(j) {
         Some(b'Z') => j + 1,
-        Some(b'+' | b'-') if digits(b, j + 1) == 2 => {
+        Some(b'+' | b'-') if two_digits(b, j + 1) => {
             let mut k = j + 3;
             if b.get(k) == Some(&b':') {
                 k += 1;
             }
-            if digits(b, k) == 2 { k + 2 } else { j + 3 }
+            if two_digits(b, k) { k + 2 } else { j + 3 }
         }
         _ => j,
     }
@@ -546,7 +575,7 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
         u if u.is_ascii_alphabetic() => (false, j),
         _ => return None,
     };
-    let (end, _) = word(b, at);
+    let end = word(b, at).end;
     let unit = &b[at..end];
     let known = if spaced {
         matches!(

@@ -55,29 +55,29 @@ pub fn sketch(text: &str) -> Option<u64> {
     let mut words = 0u32;
     let mut prev = 0u64;
     let mut i = 0;
-    'words: while words < SKETCH_MAX_WORDS {
+    let n = b.len();
+    while words < SKETCH_MAX_WORDS {
         // The next word's first byte.
-        loop {
-            match b.get(i) {
-                None => break 'words,
-                Some(&c) if FOLD[usize::from(c)] != 0 => break,
-                Some(_) => i += 1,
-            }
+        while i < n && FOLD[usize::from(b[i])] == 0 {
+            i += 1;
+        }
+        if i >= n {
+            break;
         }
         let mut cur = FNV_OFFSET;
-        let mut in_digits = false;
-        while let Some(&c) = b.get(i) {
-            let v = FOLD[usize::from(c)];
+        while i < n {
+            let v = FOLD[usize::from(b[i])];
             if v == 0 {
                 break;
             }
-            // A run of digits enters the hash as one `0`.
-            let digit = v == b'0';
-            if !(digit && in_digits) {
-                cur = (cur ^ u64::from(v)).wrapping_mul(FNV_PRIME);
-            }
-            in_digits = digit;
+            cur = (cur ^ u64::from(v)).wrapping_mul(FNV_PRIME);
             i += 1;
+            // A run of digits enters the hash as one `0`.
+            if v == b'0' {
+                while i < n && b[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
         }
         let f = mix(prev, cur);
         let bin = (f >> 58) as usize;
