@@ -232,6 +232,9 @@ impl FingerprintRules {
                 return false;
             };
             let first = first.rsplit('/').next().unwrap_or(first);
+            if !self.shell.modify_first_words.contains(first) {
+                return false;
+            }
             list.iter().any(|(w, second)| {
                 **w == *first
                     && match second.as_deref() {
