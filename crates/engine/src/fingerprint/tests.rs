@@ -39,6 +39,40 @@ fn volatile_keys_and_order_are_ignored() {
 }
 
 #[test]
+fn path_keys_are_known_by_their_names() {
+    for k in [
+        "path",
+        "paths",
+        "file",
+        "files",
+        "filename",
+        "dir",
+        "directory",
+        "cwd",
+        "folder",
+        "file_path",
+        "filepaths",
+        "target_file",
+        "work_dir",
+    ] {
+        assert!(is_path_key(k), "{k}");
+    }
+    for k in [
+        "",
+        "command",
+        "pattern",
+        "offset",
+        "limit",
+        "request_id",
+        "dirs",
+        "profile",
+        "pathx",
+    ] {
+        assert!(!is_path_key(k), "{k}");
+    }
+}
+
+#[test]
 fn paths_are_normalized() {
     let a = keys("read_file", &json!({"path": "./src\\main.rs"}));
     let b = keys("read_file", &json!({"path": "src//main.rs"}));
