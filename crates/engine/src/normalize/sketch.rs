@@ -67,16 +67,20 @@ pub fn sketch(text: &str) -> Option<u64> {
         let mut cur = FNV_OFFSET;
         while i < n {
             let v = FOLD[usize::from(b[i])];
+            i += 1;
+            // Letters, `_` and non-ASCII bytes all enter the hash above `0`.
+            if v > b'0' {
+                cur = (cur ^ u64::from(v)).wrapping_mul(FNV_PRIME);
+                continue;
+            }
             if v == 0 {
+                i -= 1;
                 break;
             }
-            cur = (cur ^ u64::from(v)).wrapping_mul(FNV_PRIME);
-            i += 1;
             // A run of digits enters the hash as one `0`.
-            if v == b'0' {
-                while i < n && b[i].is_ascii_digit() {
-                    i += 1;
-                }
+            cur = (cur ^ u64::from(b'0')).wrapping_mul(FNV_PRIME);
+            while i < n && b[i].is_ascii_digit() {
+                i += 1;
             }
         }
         let f = mix(prev, cur);
