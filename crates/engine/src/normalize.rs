@@ -1,6 +1,21 @@
 //! Result normalization: noise (ANSI codes, timestamps, ids, pids, durations, counters, temp
 //! paths) is masked in one hand-written pass, the policy's extra regexes are applied, and what is
 //! left is hashed into a digest. The result is also classified as error, empty or retryable.
+//!
+//! The rooms: `mask` holds the built-in maskers (one pass over the bytes, a byte-class table
+//! ruling out what cannot start a masker), `sketch` the near-duplicate sketch, this file the
+//! digest and the classification; `reference` (tests only) the maskers, the sketch and the
+//! outcome written plainly, which property tests hold the others to, bit for bit (digests and
+//! sketches are kept in session snapshots, so they never change for the same text).
+//!
+//! The work per result is bounded: a result longer than twice `results.max_bytes` is masked
+//! and hashed by its first and last `max_bytes` only (joined by `\n<…>\n`); the sketch reads
+//! at most [`sketch::SKETCH_MAX_WORDS`] words of the masked text; the error patterns read its
+//! first 512 bytes. The masked text is written to a per-thread buffer (the policy's regexes,
+//! `results.patterns` and the empty, error and retryable patterns, read it as a string), so the
+//! steady state allocates nothing. A policy with `results.patterns` pays one regex pass per
+//! pattern over that text, and a new string when a pattern replaced something; the default
+//! policy has none.
 
 use std::cell::RefCell;
 
@@ -47,7 +62,7 @@ pub struct ResultRules {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub digest: u64,
-    /// A near-duplicate sketch of the masked text (see [`sketch`]); `None` for short results.
+    /// A near-duplicate sketch of the masked text (see [`sketch()`]); `None` for short results.
     pub sketch: Option<u64>,
     pub error: bool,
     pub empty: bool,
