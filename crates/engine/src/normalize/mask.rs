@@ -158,6 +158,16 @@ fn word(b: &[u8], i: usize) -> Word {
     }
 }
 
+/// The end of the word (if any) at `i`.
+#[inline(always)]
+fn word_end(b: &[u8], i: usize) -> usize {
+    let mut j = i;
+    while j < b.len() && is_word(b[j]) {
+        j += 1;
+    }
+    j
+}
+
 /// The masker matching at `i`, the first byte (an ASCII letter or digit) of the word `w`: its
 /// length and replacement. Maskers are tried in a fixed order; each is tried only if the word
 /// could start it.
@@ -363,15 +373,15 @@ fn pid_len(b: &[u8], i: usize, end: usize) -> Option<usize> {
     {
         return None;
     }
-    number_after(b, i, end, b" :=#")
+    number_after(b, i, end, |c| matches!(c, b' ' | b':' | b'=' | b'#'))
 }
 
-/// The end of `separators number` after the word `b[i..end]` (at least one separator from
-/// `set`, then digits ending a word), as a length from `i`.
+/// The end of `separators number` after the word `b[i..end]` (at least one separator, then
+/// digits ending a word), as a length from `i`.
 #[inline]
-fn number_after(b: &[u8], i: usize, end: usize, set: &[u8]) -> Option<usize> {
+fn number_after(b: &[u8], i: usize, end: usize, separator: impl Fn(u8) -> bool) -> Option<usize> {
     let mut j = end;
-    while b.get(j).is_some_and(|c| set.contains(c)) {
+    while j < b.len() && separator(b[j]) {
         j += 1;
     }
     let n = digits(b, j);
@@ -394,7 +404,7 @@ fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, &'static str)> {
     .into_iter()
     .find(|(w, _)| word.eq_ignore_ascii_case(w.as_bytes()))?
     .1;
-    number_after(b, i, end, b" #:=").map(|len| (len, rep))
+    number_after(b, i, end, |c| matches!(c, b' ' | b'#' | b':' | b'=')).map(|len| (len, rep))
 }
 
 /// Key names (or their last `_` part) whose numeric values are ids, times and timings.
@@ -466,14 +476,15 @@ fn id_len(b: &[u8], i: usize) -> Option<usize> {
     let (mut n, mut digits, mut letters, mut mixed) = (0usize, 0u32, 0u32, false);
     let mut trailing_dashes = 0usize;
     for &c in &b[i..] {
-        if c.is_ascii_digit() {
+        let k = class(c);
+        if k & DIGIT != 0 {
             digits += 1;
             mixed |= letters > 0;
             trailing_dashes = 0;
-        } else if c.is_ascii_alphabetic() {
+        } else if k & ALPHA != 0 {
             letters += 1;
             trailing_dashes = 0;
-        } else if c == b'_' {
+        } else if k & UNDERSCORE != 0 {
             trailing_dashes = 0;
         } else if c == b'-' {
             trailing_dashes += 1;
@@ -575,7 +586,7 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
         u if u.is_ascii_alphabetic() => (false, j),
         _ => return None,
     };
-    let end = word(b, at).end;
+    let end = word_end(b, at);
     let unit = &b[at..end];
     let known = if spaced {
         matches!(
