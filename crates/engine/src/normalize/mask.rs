@@ -5,30 +5,10 @@
 //! may start, so most bytes cost one lookup. A word is scanned once; what the scan learns (its
 //! length, its leading digits, whether it holds digits, letters, bytes that are no hex digit)
 //! and the byte after its leading digits rule out most maskers before any is tried, and a word
-//! that no masker matched is passed over whole. `reference.rs` (tests) holds the plain form of every masker,
-//! tried at every byte; a property test checks that both mask every text alike.
+//! that no masker matched is passed over whole. `reference.rs` (tests) holds the plain form of
+//! every masker, tried at every byte; property tests check that both mask every text alike.
 
 use super::Maskers;
-
-/// Where masked text goes: the text between masks, and each mask's replacement.
-pub(super) trait Sink {
-    /// Text that no masker matched, as it is.
-    fn text(&mut self, s: &str);
-    /// The replacement of a masked span.
-    fn mask(&mut self, rep: &'static str);
-}
-
-impl Sink for String {
-    #[inline]
-    fn text(&mut self, s: &str) {
-        self.push_str(s);
-    }
-
-    #[inline]
-    fn mask(&mut self, rep: &'static str) {
-        self.push_str(rep);
-    }
-}
 
 const DIGIT: u8 = 1;
 /// `a`–`f`, `A`–`F`.
@@ -79,7 +59,7 @@ fn is_word(c: u8) -> bool {
 }
 
 /// Masks `s` with the enabled maskers into `out`, in one pass.
-pub(super) fn mask_into<S: Sink>(m: &Maskers, s: &str, out: &mut S) {
+pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut String) {
     let b = s.as_bytes();
     let mut i = 0;
     let mut copied = 0;
@@ -111,15 +91,15 @@ pub(super) fn mask_into<S: Sink>(m: &Maskers, s: &str, out: &mut S) {
             }
         };
         let (len, rep) = hit;
-        out.text(&s[copied..i]);
-        out.mask(rep);
+        out.push_str(&s[copied..i]);
+        out.push_str(rep);
         i += len.max(1);
         while i < b.len() && !s.is_char_boundary(i) {
             i += 1;
         }
         copied = i;
     }
-    out.text(&s[copied.min(s.len())..]);
+    out.push_str(&s[copied.min(s.len())..]);
 }
 
 /// The word starting at `i`: where it ends, the union of its bytes' classes
