@@ -136,6 +136,50 @@ fn shell_commands_that_change_files_are_recognized() {
     assert!(!codex("cargo test").modify);
 }
 
+/// `modifies` with every segment split by `str::split` and `split_whitespace`, as plainly as it
+/// can be written: the specification of the byte-level segment and word splitting.
+fn modifies_plain(f: &FingerprintRules, cmd: &str) -> bool {
+    shell::writes_to_file(cmd.as_bytes())
+        || cmd.split(['\n', ';', '|', '&', '(']).any(|segment| {
+            let mut words = segment
+                .split_whitespace()
+                .skip_while(|w| *w == "sudo" || (w.contains('=') && !w.starts_with('-')));
+            let Some(first) = words.next() else {
+                return false;
+            };
+            let first = first.rsplit('/').next().unwrap_or(first);
+            f.shell.modify_commands.iter().any(|(w, second)| {
+                **w == *first
+                    && match second.as_deref() {
+                        None => true,
+                        Some(flag) if flag.starts_with('-') => {
+                            words.clone().take(8).any(|r| r.starts_with(flag))
+                        }
+                        Some(sub) => words.clone().next() == Some(sub),
+                    }
+            })
+        })
+}
+
+proptest! {
+    /// Splitting commands into segments and words a byte at a time finds the modify commands
+    /// that `str::split` and `split_whitespace` find, Unicode whitespace and all.
+    #[test]
+    fn byte_level_splitting_finds_what_split_whitespace_finds(
+        parts in prop::collection::vec(prop::sample::select(&[
+            "sed", "-i", "sudo", "FOO=1", "-x=1", "git", "apply", "commit", "npm", "install",
+            "cargo", "fmt", "test", "/usr/bin/rm", "rm", "mv", "ls", "cat", "a=b", "'x'", " ",
+            "  ", "\t", "\n", "\u{b}", "\u{c}", "\r", "\u{1c}", "\u{85}", "\u{a0}", "\u{3000}",
+            ";", "|", "&&", "(", ")", "é", "/", ">", ">>", "2>&1", "/dev/null",
+        ][..]), 0..12),
+        spaced in any::<bool>(),
+    ) {
+        let cmd = parts.join(if spaced { " " } else { "" });
+        let f = &rules().1;
+        prop_assert_eq!(f.modifies(&cmd), modifies_plain(f, &cmd), "{:?}", cmd);
+    }
+}
+
 /// A cache-busting query parameter made every poll of one URL a new call.
 #[test]
 fn volatile_url_parameters_do_not_make_a_new_call() {
