@@ -274,19 +274,21 @@ impl FingerprintRules {
             return false;
         };
         let first = first.rsplit(|&c| c == b'/').next().unwrap_or(first);
-        if !std::str::from_utf8(first).is_ok_and(|f| self.shell.modify_first_words.contains(f)) {
+        let Some(seconds) = std::str::from_utf8(first)
+            .ok()
+            .and_then(|f| self.shell.modify_first_words.position(f))
+            .and_then(|i| self.shell.modify_seconds.get(i))
+        else {
             return false;
-        }
-        self.shell.modify_commands.iter().any(|(w, second)| {
-            w.as_bytes() == first
-                && match second.as_deref() {
-                    None => true,
-                    Some(flag) if flag.starts_with('-') => words
-                        .clone()
-                        .take(8)
-                        .any(|r| r.starts_with(flag.as_bytes())),
-                    Some(sub) => words.clone().next() == Some(sub.as_bytes()),
-                }
+        };
+        let next = words.clone().next();
+        seconds.iter().any(|second| match second.as_deref() {
+            None => true,
+            Some(flag) if flag.starts_with('-') => words
+                .clone()
+                .take(8)
+                .any(|r| r.starts_with(flag.as_bytes())),
+            Some(sub) => next == Some(sub.as_bytes()),
         })
     }
 }
