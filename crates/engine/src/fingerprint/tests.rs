@@ -308,6 +308,10 @@ fn arb_number() -> impl Strategy<Value = String> {
             .prop_filter("finite", |f| f.is_finite())
             .prop_map(|f| f.to_string()),
         Just("-0".to_owned()),
+        Just("0".to_owned()),
+        // The most digits the scanner reads itself, and one more.
+        Just("9999999999999999999".to_owned()),
+        Just("10000000000000000000".to_owned()),
         Just("1.0".to_owned()),
         Just("1E2".to_owned()),
         Just("12345678901234567890123".to_owned()),
