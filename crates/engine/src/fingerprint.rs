@@ -61,6 +61,11 @@ pub struct ShellRules {
     pub(crate) wait_commands: Vec<Box<str>>,
     /// `shell.modify_commands`, each as its first word and an optional second word or flag.
     pub(crate) modify_commands: Vec<(Box<str>, Option<Box<str>>)>,
+    /// The first words of `modify_commands`, found by hash: most commands start with none.
+    pub(crate) modify_first_words: KeySet,
+    /// For each of `modify_first_words` (by position), the second words or flags its
+    /// commands need (`None`: the first word alone).
+    pub(crate) modify_seconds: Vec<Vec<Option<Box<str>>>>,
     pub(crate) complex_operators: Vec<Box<str>>,
     /// The first bytes of the complex operators (bit `b % 64` of word `b / 64`).
     pub(crate) operator_starts: [u64; 4],
@@ -176,6 +181,27 @@ struct CommandMember<'v> {
 impl FingerprintRules {
     pub fn from_config(c: &loopguard_rules::Config) -> FingerprintRules {
         let boxed = |v: &[String]| v.iter().map(|s| s.as_str().into()).collect::<Vec<_>>();
+        let modify_commands: Vec<(Box<str>, Option<Box<str>>)> = c
+            .shell
+            .modify_commands
+            .iter()
+            .filter_map(|m| {
+                let mut w = m.split_whitespace();
+                let first = w.next()?;
+                Some((first.into(), w.next().map(Into::into)))
+            })
+            .collect();
+        let modify_first_words = KeySet::new(modify_commands.iter().map(|(w, _)| &**w));
+        let modify_seconds = modify_first_words
+            .iter()
+            .map(|first| {
+                modify_commands
+                    .iter()
+                    .filter(|(w, _)| **w == *first)
+                    .map(|(_, second)| second.clone())
+                    .collect()
+            })
+            .collect();
         let mut operator_starts = [0u64; 4];
         for op in &c.shell.complex_operators {
             if let Some(&b) = op.as_bytes().first() {
@@ -195,16 +221,9 @@ impl FingerprintRules {
                 file_read_commands: boxed(&c.shell.file_read_commands),
                 file_operation_commands: boxed(&c.shell.file_operation_commands),
                 wait_commands: boxed(&c.shell.wait_commands),
-                modify_commands: c
-                    .shell
-                    .modify_commands
-                    .iter()
-                    .filter_map(|m| {
-                        let mut w = m.split_whitespace();
-                        let first = w.next()?;
-                        Some((first.into(), w.next().map(Into::into)))
-                    })
-                    .collect(),
+                modify_commands,
+                modify_first_words,
+                modify_seconds,
                 complex_operators: boxed(&c.shell.complex_operators),
                 operator_starts,
                 empty_operator: c.shell.complex_operators.iter().any(String::is_empty),

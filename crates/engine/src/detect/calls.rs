@@ -441,7 +441,27 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
     let (mut tool_count, mut tool_start) = (1u32, 0usize);
     let (exact_on, fuzzy_on, inter_on) = (exact.on, fuzzy.on, inter.on);
 
-    for k in 1..w.len() {
+    // Most windows hold no other call with the current call's keys (or tool, when its calls
+    // are counted): then every count is the current call's alone, which one pass over the
+    // records' keys, with no state to keep, settles.
+    let (newer, older) = w.parts();
+    let live = w.len();
+    let (newer, older) = match newer.len().checked_sub(live) {
+        Some(skip) => (newer.get(skip..).unwrap_or_default(), &[][..]),
+        None => (
+            newer,
+            older
+                .get(older.len().saturating_sub(live - newer.len())..)
+                .unwrap_or_default(),
+        ),
+    };
+    let shares = |r: &&Record| {
+        (r.exact == cur.exact) | (r.fuzzy == cur.fuzzy) | (count_tool & (r.tool == cur.tool))
+    };
+    // The current call shares its own keys.
+    let alone = newer.iter().filter(shares).count() + older.iter().filter(shares).count() <= 1;
+
+    for k in (1..w.len()).take_while(|_| !alone) {
         if !(exact.on || fuzzy.on || inter.on || count_tool) {
             break;
         }

@@ -96,6 +96,13 @@ pub(super) fn collapsed(s: &str) -> bool {
 
 /// Whether an argument key holds a path.
 pub fn is_path_key(k: &str) -> bool {
+    // Every name below ends with one of these letters: most keys are ruled out by their last.
+    if !matches!(
+        k.as_bytes().last(),
+        Some(b'h' | b's' | b'e' | b'r' | b'd' | b'y')
+    ) {
+        return false;
+    }
     matches!(
         k,
         "path" | "paths" | "file" | "files" | "filename" | "dir" | "directory" | "cwd" | "folder"

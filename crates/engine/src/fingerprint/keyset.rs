@@ -71,6 +71,14 @@ impl KeySet {
         }
     }
 
+    /// The position of a key among the set's keys.
+    pub fn position(&self, k: &str) -> Option<usize> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        self.position_hashed(key_hash(k), k)
+    }
+
     pub fn contains(&self, k: &str) -> bool {
         !self.keys.is_empty() && self.position_hashed(key_hash(k), k).is_some()
     }

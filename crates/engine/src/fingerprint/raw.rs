@@ -416,11 +416,14 @@ impl<'a> Scanner<'a> {
             }
         }
         self.i = j;
-        let token = self.s.get(start..j)?;
         if integral && start == int_start && int_len <= 19 {
-            return token.parse::<u64>().ok().map(Number::from);
+            // At most 19 digits never overflow a `u64`.
+            let value = b.get(int_start..j)?.iter().fold(0u64, |v, &d| {
+                v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'))
+            });
+            return Some(Number::from(value));
         }
-        serde_json::from_str::<Number>(token).ok()
+        serde_json::from_str::<Number>(self.s.get(start..j)?).ok()
     }
 
     /// A string at the cursor (its opening quote), the cursor left past its closing quote.

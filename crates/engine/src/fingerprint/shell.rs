@@ -120,6 +120,35 @@ pub fn file_of(rules: &FingerprintRules, tool: &ToolKeys, args: &Arguments<'_>) 
         .to_owned()
 }
 
+/// Whether a command writes to a file with `>` or `>>` (not to `/dev/…`, not `>&`, not an
+/// arrow such as `->`, `=>` or `<>`).
+pub(super) fn writes_to_file(b: &[u8]) -> bool {
+    let mut i = 0;
+    while let Some(off) = b[i..].iter().position(|&c| c == b'>') {
+        let at = i + off;
+        let mut j = at + 1;
+        if b.get(j) == Some(&b'>') {
+            j += 1;
+        }
+        let quoted_arrow = at > 0 && matches!(b[at - 1], b'-' | b'=' | b'<');
+        if b.get(j) != Some(&b'&') && !quoted_arrow {
+            while b.get(j) == Some(&b' ') {
+                j += 1;
+            }
+            let target = &b[j..];
+            if !target.is_empty()
+                && !target.starts_with(b"/dev/")
+                && !target.starts_with(b"&")
+                && !target[0].is_ascii_whitespace()
+            {
+                return true;
+            }
+        }
+        i = j.max(at + 1);
+    }
+    false
+}
+
 impl FingerprintRules {
     /// The command of a shell call: the first command key present holding a string.
     pub fn command<'v>(&self, map: &'v Map<String, Value>) -> Option<&'v str> {
@@ -197,51 +226,69 @@ impl FingerprintRules {
     pub(super) fn modifies(&self, cmd: &str) -> bool {
         let list = &self.shell.modify_commands;
         let b = cmd.as_bytes();
-        // Writes with `>`.
-        let mut i = 0;
-        while let Some(off) = b[i..].iter().position(|&c| c == b'>') {
-            let at = i + off;
-            let mut j = at + 1;
-            if b.get(j) == Some(&b'>') {
-                j += 1;
-            }
-            let quoted_arrow = at > 0 && matches!(b[at - 1], b'-' | b'=' | b'<');
-            if b.get(j) != Some(&b'&') && !quoted_arrow {
-                while b.get(j) == Some(&b' ') {
-                    j += 1;
-                }
-                let target = &b[j..];
-                if !target.is_empty()
-                    && !target.starts_with(b"/dev/")
-                    && !target.starts_with(b"&")
-                    && !target[0].is_ascii_whitespace()
-                {
-                    return true;
-                }
-            }
-            i = j.max(at + 1);
+        if writes_to_file(b) {
+            return true;
         }
         if list.is_empty() {
             return false;
         }
-        cmd.split(['\n', ';', '|', '&', '(']).any(|segment| {
-            let mut words = segment
-                .split_whitespace()
-                .skip_while(|w| *w == "sudo" || (w.contains('=') && !w.starts_with('-')));
-            let Some(first) = words.next() else {
-                return false;
+        // The command's segments between separators (ASCII bytes, so each segment is whole
+        // characters), each split into words: at ASCII whitespace when the segment is ASCII
+        // (the whitespace `split_whitespace` knows there), else by `split_whitespace`.
+        let mut from = 0;
+        loop {
+            let rest = b.get(from..).unwrap_or_default();
+            let end = rest
+                .iter()
+                .position(|&c| matches!(c, b'\n' | b';' | b'|' | b'&' | b'('))
+                .map_or(b.len(), |p| from + p);
+            let segment = b.get(from..end).unwrap_or_default();
+            let hit = if segment.is_ascii() {
+                self.segment_modifies(
+                    segment
+                        .split(|&c| matches!(c, b'\t'..=b'\r' | b' '))
+                        .filter(|w| !w.is_empty()),
+                )
+            } else {
+                cmd.get(from..end).is_some_and(|segment| {
+                    self.segment_modifies(segment.split_whitespace().map(str::as_bytes))
+                })
             };
-            let first = first.rsplit('/').next().unwrap_or(first);
-            list.iter().any(|(w, second)| {
-                **w == *first
-                    && match second.as_deref() {
-                        None => true,
-                        Some(flag) if flag.starts_with('-') => {
-                            words.clone().take(8).any(|r| r.starts_with(flag))
-                        }
-                        Some(sub) => words.clone().next() == Some(sub),
-                    }
-            })
+            if hit {
+                return true;
+            }
+            if end >= b.len() {
+                return false;
+            }
+            from = end + 1;
+        }
+    }
+
+    /// Whether one command segment, given as its words, runs a modify command: its first word
+    /// past `sudo` and `VAR=value` words, with any directory dropped, is one of
+    /// `shell.modify_commands` (with its second word or flag when that has one).
+    fn segment_modifies<'w>(&self, words: impl Iterator<Item = &'w [u8]> + Clone) -> bool {
+        let mut words =
+            words.skip_while(|w| *w == b"sudo" || (w.contains(&b'=') && !w.starts_with(b"-")));
+        let Some(first) = words.next() else {
+            return false;
+        };
+        let first = first.rsplit(|&c| c == b'/').next().unwrap_or(first);
+        let Some(seconds) = std::str::from_utf8(first)
+            .ok()
+            .and_then(|f| self.shell.modify_first_words.position(f))
+            .and_then(|i| self.shell.modify_seconds.get(i))
+        else {
+            return false;
+        };
+        let next = words.clone().next();
+        seconds.iter().any(|second| match second.as_deref() {
+            None => true,
+            Some(flag) if flag.starts_with('-') => words
+                .clone()
+                .take(8)
+                .any(|r| r.starts_with(flag.as_bytes())),
+            Some(sub) => next == Some(sub.as_bytes()),
         })
     }
 }

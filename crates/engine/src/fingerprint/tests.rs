@@ -39,6 +39,40 @@ fn volatile_keys_and_order_are_ignored() {
 }
 
 #[test]
+fn path_keys_are_known_by_their_names() {
+    for k in [
+        "path",
+        "paths",
+        "file",
+        "files",
+        "filename",
+        "dir",
+        "directory",
+        "cwd",
+        "folder",
+        "file_path",
+        "filepaths",
+        "target_file",
+        "work_dir",
+    ] {
+        assert!(is_path_key(k), "{k}");
+    }
+    for k in [
+        "",
+        "command",
+        "pattern",
+        "offset",
+        "limit",
+        "request_id",
+        "dirs",
+        "profile",
+        "pathx",
+    ] {
+        assert!(!is_path_key(k), "{k}");
+    }
+}
+
+#[test]
 fn paths_are_normalized() {
     let a = keys("read_file", &json!({"path": "./src\\main.rs"}));
     let b = keys("read_file", &json!({"path": "src//main.rs"}));
@@ -100,6 +134,50 @@ fn shell_commands_that_change_files_are_recognized() {
     assert!(codex("apply_patch <<'EOF'\nx\nEOF").modify);
     assert!(codex("cargo test").test);
     assert!(!codex("cargo test").modify);
+}
+
+/// `modifies` with every segment split by `str::split` and `split_whitespace`, as plainly as it
+/// can be written: the specification of the byte-level segment and word splitting.
+fn modifies_plain(f: &FingerprintRules, cmd: &str) -> bool {
+    shell::writes_to_file(cmd.as_bytes())
+        || cmd.split(['\n', ';', '|', '&', '(']).any(|segment| {
+            let mut words = segment
+                .split_whitespace()
+                .skip_while(|w| *w == "sudo" || (w.contains('=') && !w.starts_with('-')));
+            let Some(first) = words.next() else {
+                return false;
+            };
+            let first = first.rsplit('/').next().unwrap_or(first);
+            f.shell.modify_commands.iter().any(|(w, second)| {
+                **w == *first
+                    && match second.as_deref() {
+                        None => true,
+                        Some(flag) if flag.starts_with('-') => {
+                            words.clone().take(8).any(|r| r.starts_with(flag))
+                        }
+                        Some(sub) => words.clone().next() == Some(sub),
+                    }
+            })
+        })
+}
+
+proptest! {
+    /// Splitting commands into segments and words a byte at a time finds the modify commands
+    /// that `str::split` and `split_whitespace` find, Unicode whitespace and all.
+    #[test]
+    fn byte_level_splitting_finds_what_split_whitespace_finds(
+        parts in prop::collection::vec(prop::sample::select(&[
+            "sed", "-i", "sudo", "FOO=1", "-x=1", "git", "apply", "commit", "npm", "install",
+            "cargo", "fmt", "test", "/usr/bin/rm", "rm", "mv", "ls", "cat", "a=b", "'x'", " ",
+            "  ", "\t", "\n", "\u{b}", "\u{c}", "\r", "\u{1c}", "\u{85}", "\u{a0}", "\u{3000}",
+            ";", "|", "&&", "(", ")", "é", "/", ">", ">>", "2>&1", "/dev/null",
+        ][..]), 0..12),
+        spaced in any::<bool>(),
+    ) {
+        let cmd = parts.join(if spaced { " " } else { "" });
+        let f = &rules().1;
+        prop_assert_eq!(f.modifies(&cmd), modifies_plain(f, &cmd), "{:?}", cmd);
+    }
 }
 
 /// A cache-busting query parameter made every poll of one URL a new call.
@@ -230,6 +308,10 @@ fn arb_number() -> impl Strategy<Value = String> {
             .prop_filter("finite", |f| f.is_finite())
             .prop_map(|f| f.to_string()),
         Just("-0".to_owned()),
+        Just("0".to_owned()),
+        // The most digits the scanner reads itself, and one more.
+        Just("9999999999999999999".to_owned()),
+        Just("10000000000000000000".to_owned()),
         Just("1.0".to_owned()),
         Just("1E2".to_owned()),
         Just("12345678901234567890123".to_owned()),

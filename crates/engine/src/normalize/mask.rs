@@ -1,0 +1,592 @@
+//! The built-in maskers, in one pass over the bytes.
+//!
+//! Maskers start only at the first byte of a word (a run of ASCII letters, digits and `_`) or
+//! at one of four other bytes (`ESC`, `(`, `#`, `/`). A byte-class table says what each byte
+//! may start, so most bytes cost one lookup. A word is scanned once; what the scan learns (its
+//! length, its leading digits, whether it holds digits, letters, bytes that are no hex digit)
+//! and the byte after its leading digits rule out most maskers before any is tried, and a word
+//! that no masker matched is passed over whole. `reference.rs` (tests) holds the plain form of
+//! every masker, tried at every byte; property tests check that both mask every text alike.
+
+use super::Maskers;
+
+const DIGIT: u8 = 1;
+/// `a`–`f`, `A`–`F`.
+const HEX_LETTER: u8 = 1 << 1;
+/// The other ASCII letters.
+const LETTER: u8 = 1 << 2;
+const UNDERSCORE: u8 = 1 << 3;
+/// A byte other than a word's that a masker starts with: `ESC`, `(`, `#`, `/`.
+const START: u8 = 1 << 4;
+const ALPHA: u8 = HEX_LETTER | LETTER;
+const ALNUM: u8 = DIGIT | ALPHA;
+const WORD: u8 = ALNUM | UNDERSCORE;
+/// Word bytes that are no hex digit.
+const NOT_HEX: u8 = LETTER | UNDERSCORE;
+
+/// The class of every byte; 0 for bytes that start nothing (non-ASCII included).
+const CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = if b.is_ascii_digit() {
+            DIGIT
+        } else if b.is_ascii_hexdigit() {
+            HEX_LETTER
+        } else if b.is_ascii_alphabetic() {
+            LETTER
+        } else if b == b'_' {
+            UNDERSCORE
+        } else if matches!(b, 0x1b | b'(' | b'#' | b'/') {
+            START
+        } else {
+            0
+        };
+        c += 1;
+    }
+    t
+};
+
+#[inline(always)]
+fn class(c: u8) -> u8 {
+    CLASS[usize::from(c)]
+}
+
+#[inline(always)]
+fn is_word(c: u8) -> bool {
+    class(c) & WORD != 0
+}
+
+/// Masks `s` with the enabled maskers into `out`, in one pass.
+pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut String) {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let mut copied = 0;
+    while i < b.len() {
+        let k = class(b[i]);
+        if k == 0 {
+            i += 1;
+            continue;
+        }
+        let hit = if k & WORD != 0 {
+            let w = word(b, i);
+            // Maskers start at a word's first byte, never inside a word (where a mask that
+            // ended can leave the scan).
+            let first = k & ALNUM != 0 && (i == 0 || !is_word(b[i - 1]));
+            match if first { word_at(m, b, i, w) } else { None } {
+                Some(hit) => hit,
+                None => {
+                    i = w.end;
+                    continue;
+                }
+            }
+        } else {
+            match other_at(m, b, i) {
+                Some(hit) => hit,
+                None => {
+                    i += 1;
+                    continue;
+                }
+            }
+        };
+        let (len, rep) = hit;
+        out.push_str(&s[copied..i]);
+        out.push_str(rep);
+        i += len.max(1);
+        while i < b.len() && !s.is_char_boundary(i) {
+            i += 1;
+        }
+        copied = i;
+    }
+    out.push_str(&s[copied.min(s.len())..]);
+}
+
+/// The word starting at `i`: where it ends, the union of its bytes' classes
+/// ([`DIGIT`], [`HEX_LETTER`], [`LETTER`], [`UNDERSCORE`]), and how many digits it starts with.
+#[derive(Clone, Copy, Debug)]
+struct Word {
+    end: usize,
+    acc: u8,
+    lead_digits: usize,
+}
+
+/// Scans the word starting at `i`.
+#[inline(always)]
+fn word(b: &[u8], i: usize) -> Word {
+    let mut j = i;
+    let mut acc = 0;
+    while j < b.len() {
+        let k = class(b[j]);
+        if k & WORD == 0 {
+            break;
+        }
+        acc |= k;
+        j += 1;
+    }
+    let lead_digits = if acc == DIGIT {
+        j - i
+    } else if acc & DIGIT == 0 {
+        0
+    } else {
+        digits(b, i)
+    };
+    Word {
+        end: j,
+        acc,
+        lead_digits,
+    }
+}
+
+/// The end of the word (if any) at `i`.
+#[inline(always)]
+fn word_end(b: &[u8], i: usize) -> usize {
+    let mut j = i;
+    while j < b.len() && is_word(b[j]) {
+        j += 1;
+    }
+    j
+}
+
+/// The masker matching at `i`, the first byte (an ASCII letter or digit) of the word `w`: its
+/// length and replacement. Maskers are tried in a fixed order; each is tried only if the word
+/// could start it.
+#[inline]
+fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static str)> {
+    let Word { end, acc, .. } = w;
+    let c = b[i];
+    let len = end - i;
+    let next = b.get(end).copied();
+    let hex_word = acc & NOT_HEX == 0;
+    // A uuid's first group is a whole word: 8 hex digits, then `-`.
+    let uuid = |m: &Maskers| m.uuids && len == 8 && hex_word && next == Some(b'-') && uuid_at(b, i);
+    if class(c) & DIGIT != 0 {
+        let n = w.lead_digits;
+        let after = b.get(i + n).copied();
+        if m.timestamps
+            && matches!(after, Some(b'-' | b'/' | b':'))
+            && let Some(len) = timestamp_len(b, i, n)
+        {
+            return Some((len, "<ts>"));
+        }
+        if uuid(m) {
+            return Some((36, "<uuid>"));
+        }
+        if m.counters
+            && after == Some(b' ')
+            && starts_ci(b, i + n, " times")
+            && end_ok(b, i + n + 6)
+        {
+            return Some((n + 6, "<n> times"));
+        }
+        if m.durations
+            && after.is_some_and(|u| u == b'.' || u == b' ' || u == 0xc2 || class(u) & ALPHA != 0)
+            && let Some(len) = duration_len(b, i, n)
+        {
+            return Some((len, "<dur>"));
+        }
+        if m.ids
+            && i > 0
+            && matches!(b[i - 1], b' ' | b'"' | b'\'' | b':' | b'=')
+            && volatile_key_before(b, i)
+        {
+            let mut j = i + n;
+            if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
+                j += 1 + digits(b, j + 1);
+            }
+            if end_ok(b, j) {
+                return Some((j - i, "<n>"));
+            }
+        }
+        if m.hex_ids {
+            if c == b'0' && matches!(b.get(i + 1), Some(b'x' | b'X')) {
+                let h = hexes(b, i + 2);
+                if h >= 8 && end_ok(b, i + 2 + h) {
+                    return Some((2 + h, "<hex>"));
+                }
+            } else if hex_word && len >= 8 {
+                return Some((len, "<hex>"));
+            }
+        }
+    } else {
+        if uuid(m) {
+            return Some((36, "<uuid>"));
+        }
+        if m.hex_ids && hex_word && len >= 8 {
+            return Some((len, "<hex>"));
+        }
+        // `pid`, `pgid`, `ppid`, `tid`: a whole word, then a separator.
+        if m.pids
+            && matches!(len, 3 | 4)
+            && matches!(c, b'p' | b'P' | b't' | b'T')
+            && let Some(len) = pid_len(b, i, end)
+        {
+            return Some((len, "pid <n>"));
+        }
+    }
+    // An id has 2 digits and 2 letters, in this word or in words joined to it by `-`.
+    if m.ids
+        && (next == Some(b'-') || (len >= 6 && acc & DIGIT != 0 && acc & ALPHA != 0))
+        && let Some(len) = id_len(b, i)
+    {
+        return Some((len, "<id>"));
+    }
+    // The counter words: whole words of these lengths starting with these letters.
+    if m.counters
+        && matches!(len, 3 | 5 | 7 | 8 | 9)
+        && matches!(c | 0x20, b'a' | b'r' | b't' | b'i' | b'b')
+    {
+        return counter_at(b, i, end);
+    }
+    None
+}
+
+/// The maskers starting with a byte other than a word's (`ESC`, `(`, `#`, `/`).
+#[inline]
+fn other_at(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'static str)> {
+    match b[i] {
+        0x1b if m.ansi => Some((ansi_len(b, i), "")),
+        b'(' if m.counters => {
+            // (3/10)
+            let n1 = digits(b, i + 1);
+            let n2 = if n1 > 0 && b.get(i + 1 + n1) == Some(&b'/') {
+                digits(b, i + 2 + n1)
+            } else {
+                0
+            };
+            (n2 > 0 && b.get(i + 2 + n1 + n2) == Some(&b')')).then_some((3 + n1 + n2, "(<n>/<n>)"))
+        }
+        b'#' if m.counters && (i == 0 || !is_word(b[i - 1])) => {
+            // #7
+            let n = digits(b, i + 1);
+            (n > 0 && end_ok(b, i + 1 + n)).then_some((1 + n, "#<n>"))
+        }
+        b'/' if m.temp_paths => temp_len(b, i).map(|n| (n, "/tmp/<tmp>")),
+        _ => None,
+    }
+}
+
+/// Nothing of a word follows at `j`.
+#[inline(always)]
+fn end_ok(b: &[u8], j: usize) -> bool {
+    b.get(j).is_none_or(|&c| !is_word(c))
+}
+
+#[inline]
+fn digits(b: &[u8], i: usize) -> usize {
+    let mut j = i;
+    while j < b.len() && b[j].is_ascii_digit() {
+        j += 1;
+    }
+    j.max(i) - i
+}
+
+#[inline(always)]
+fn digit_at(b: &[u8], j: usize) -> bool {
+    b.get(j).is_some_and(u8::is_ascii_digit)
+}
+
+/// Exactly two digits at `j`.
+#[inline(always)]
+fn two_digits(b: &[u8], j: usize) -> bool {
+    digit_at(b, j) && digit_at(b, j + 1) && !digit_at(b, j + 2)
+}
+
+#[inline]
+fn hexes(b: &[u8], i: usize) -> usize {
+    b.get(i..).map_or(0, |t| {
+        t.iter().take_while(|c| c.is_ascii_hexdigit()).count()
+    })
+}
+
+#[inline]
+fn starts_ci(b: &[u8], i: usize, word: &str) -> bool {
+    b.get(i..i + word.len())
+        .is_some_and(|t| t.eq_ignore_ascii_case(word.as_bytes()))
+}
+
+fn ansi_len(b: &[u8], i: usize) -> usize {
+    match b.get(i + 1) {
+        Some(b'[') => {
+            let mut j = i + 2;
+            while j < b.len() && !(0x40..=0x7e).contains(&b[j]) {
+                j += 1;
+            }
+            (j + 1).min(b.len()) - i
+        }
+        Some(b']') => {
+            let mut j = i + 2;
+            while j < b.len() && b[j] != 0x07 && !(b[j] == 0x1b && b.get(j + 1) == Some(&b'\\')) {
+                j += 1;
+            }
+            if j < b.len() && b[j] == 0x1b {
+                j += 1;
+            }
+            (j + 1).min(b.len()) - i
+        }
+        Some(c) if c.is_ascii() => 2,
+        _ => 1,
+    }
+}
+
+fn temp_len(b: &[u8], i: usize) -> Option<usize> {
+    let rest = &b[i..];
+    let prefix = ["/tmp/", "/var/tmp/", "/private/tmp/"]
+        .into_iter()
+        .find(|p| rest.starts_with(p.as_bytes()))?;
+    if i > 0 && (is_word(b[i - 1]) || b[i - 1] == b'/' || b[i - 1] == b'.') {
+        return None;
+    }
+    let n = rest[prefix.len()..]
+        .iter()
+        .take_while(|&&c| c != b'/' && !c.is_ascii_whitespace() && !b"'\"`:),]".contains(&c))
+        .count();
+    (n > 0).then_some(prefix.len() + n)
+}
+
+/// `pid 7`, `PGID: 48213`, `tid=3` at `i`: the word `b[i..end]`, separators, a number.
+fn pid_len(b: &[u8], i: usize, end: usize) -> Option<usize> {
+    let word = &b[i..end];
+    if !["pid", "pgid", "ppid", "tid"]
+        .iter()
+        .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
+    {
+        return None;
+    }
+    number_after(b, i, end, |c| matches!(c, b' ' | b':' | b'=' | b'#'))
+}
+
+/// The end of `separators number` after the word `b[i..end]` (at least one separator, then
+/// digits ending a word), as a length from `i`.
+#[inline]
+fn number_after(b: &[u8], i: usize, end: usize, separator: impl Fn(u8) -> bool) -> Option<usize> {
+    let mut j = end;
+    while j < b.len() && separator(b[j]) {
+        j += 1;
+    }
+    let n = digits(b, j);
+    (n > 0 && j > end && end_ok(b, j + n)).then_some(j + n - i)
+}
+
+/// `attempt 2`, `retry #3`, `run: 9` at `i`: a counter word `b[i..end]`, separators, a number.
+fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, &'static str)> {
+    let word = &b[i..end];
+    let rep = [
+        ("attempt", "attempt <n>"),
+        ("retry", "retry <n>"),
+        ("try", "try <n>"),
+        ("iteration", "iteration <n>"),
+        ("round", "round <n>"),
+        ("revision", "revision <n>"),
+        ("build", "build <n>"),
+        ("run", "run <n>"),
+    ]
+    .into_iter()
+    .find(|(w, _)| word.eq_ignore_ascii_case(w.as_bytes()))?
+    .1;
+    number_after(b, i, end, |c| matches!(c, b' ' | b'#' | b':' | b'=')).map(|len| (len, rep))
+}
+
+/// Key names (or their last `_` part) whose numeric values are ids, times and timings.
+const VOLATILE_KEYS: &[&str] = &[
+    "id",
+    "ms",
+    "ns",
+    "us",
+    "took",
+    "elapsed",
+    "duration",
+    "latency",
+    "time",
+    "timestamp",
+    "ts",
+    "at",
+    "seq",
+    "nonce",
+    "pid",
+    "epoch",
+    "seconds",
+    "secs",
+    "sec",
+    "millis",
+];
+
+/// The number at `i` is the value of a key such as `"took_ms": 132`, `request_id=88`,
+/// `"messageId": 7`.
+fn volatile_key_before(b: &[u8], i: usize) -> bool {
+    let mut j = i;
+    let skip = |j: &mut usize, set: &[u8]| {
+        while *j > 0 && set.contains(&b[*j - 1]) {
+            *j -= 1;
+        }
+    };
+    skip(&mut j, b" \"'");
+    if j == 0 || !matches!(b[j - 1], b':' | b'=') {
+        return false;
+    }
+    j -= 1;
+    skip(&mut j, b" \"'");
+    let end = j;
+    while j > 0 && (b[j - 1].is_ascii_alphanumeric() || b[j - 1] == b'_' || b[j - 1] == b'-') {
+        j -= 1;
+    }
+    let key = &b[j..end];
+    if key.is_empty() {
+        return false;
+    }
+    // The last part: after `_` or `-`, or a camelCase tail (`messageId`, `tookMs`).
+    let cut = key
+        .iter()
+        .rposition(|&c| c == b'_' || c == b'-')
+        .map(|p| p + 1)
+        .or_else(|| key.iter().rposition(u8::is_ascii_uppercase))
+        .unwrap_or(0);
+    let last = &key[cut..];
+    VOLATILE_KEYS
+        .iter()
+        .any(|k| last.eq_ignore_ascii_case(k.as_bytes()) || key.eq_ignore_ascii_case(k.as_bytes()))
+}
+
+/// An opaque id at `i`: a token of letters, digits, `_` and `-` of 6 or more bytes with at
+/// least 2 digits and 2 letters (`msg_01H8XK2`, `om_x100b8f3`, `req-7f3a9c`), not a plain word
+/// or number.
+fn id_len(b: &[u8], i: usize) -> Option<usize> {
+    // One pass: the token's length, its digits and letters, and whether a letter precedes a
+    // digit (a number with a unit, `1200px`, is not an id).
+    let (mut n, mut digits, mut letters, mut mixed) = (0usize, 0u32, 0u32, false);
+    let mut trailing_dashes = 0usize;
+    for &c in &b[i..] {
+        let k = class(c);
+        if k & DIGIT != 0 {
+            digits += 1;
+            mixed |= letters > 0;
+            trailing_dashes = 0;
+        } else if k & ALPHA != 0 {
+            letters += 1;
+            trailing_dashes = 0;
+        } else if k & UNDERSCORE != 0 {
+            trailing_dashes = 0;
+        } else if c == b'-' {
+            trailing_dashes += 1;
+        } else {
+            break;
+        }
+        n += 1;
+    }
+    // A trailing `-` belongs to the text around it.
+    let n = n - trailing_dashes;
+    (n >= 6 && digits >= 2 && letters >= 2 && mixed).then_some(n)
+}
+
+fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
+    // 2024-01-02[T ]12:34:56[.123][Z|+01:00]
+    if n == 4
+        && matches!(b.get(i + 4), Some(b'-' | b'/'))
+        && two_digits(b, i + 5)
+        && b.get(i + 7) == b.get(i + 4)
+        && two_digits(b, i + 8)
+    {
+        let mut j = i + 10;
+        if matches!(b.get(j), Some(b'T' | b' '))
+            && two_digits(b, j + 1)
+            && b.get(j + 3) == Some(&b':')
+        {
+            j = time_end(b, j + 1);
+        }
+        return Some(j - i);
+    }
+    // 12:34:56[.123]
+    if (1..=2).contains(&n)
+        && b.get(i + n) == Some(&b':')
+        && two_digits(b, i + n + 1)
+        && b.get(i + n + 3) == Some(&b':')
+    {
+        return Some(time_end(b, i) - i);
+    }
+    None
+}
+
+/// End of `hh:mm[:ss[.frac]][Z|±hh[:]mm]` starting at `j`.
+fn time_end(b: &[u8], j: usize) -> usize {
+    let mut j = j + digits(b, j);
+    while b.get(j) == Some(&b':') && two_digits(b, j + 1) {
+        j += 3;
+    }
+    if matches!(b.get(j), Some(b'.' | b',')) && digit_at(b, j + 1) {
+        j += 1 + digits(b, j + 1);
+    }
+    match b.get(j) {
+        Some(b'Z') => j + 1,
+        Some(b'+' | b'-') if two_digits(b, j + 1) => {
+            let mut k = j + 3;
+            if b.get(k) == Some(&b':') {
+                k += 1;
+            }
+            if two_digits(b, k) { k + 2 } else { j + 3 }
+        }
+        _ => j,
+    }
+}
+
+fn uuid_at(b: &[u8], i: usize) -> bool {
+    if b.len() < i + 36 {
+        return false;
+    }
+    let groups = [8, 4, 4, 4, 12];
+    let mut j = i;
+    for (g, &len) in groups.iter().enumerate() {
+        if hexes(b, j) < len || (len == 12 && hexes(b, j) != 12) {
+            return false;
+        }
+        j += len;
+        if g < 4 {
+            if b.get(j) != Some(&b'-') {
+                return false;
+            }
+            j += 1;
+        }
+    }
+    end_ok(b, j)
+}
+
+/// A duration at `i`, whose leading digits are `n` bytes: `12ms`, `0.01s`, `45 ms`, `3 seconds`.
+fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
+    let mut j = i + n;
+    if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
+        j += 1 + digits(b, j + 1);
+    }
+    // A unit starts with a letter (or `µ`), directly or after one space, and ends a word: it
+    // is the whole word there.
+    let (spaced, at) = match *b.get(j)? {
+        b' ' => (true, j + 1),
+        0xc2 => {
+            return (b.get(j..j + 3) == Some("µs".as_bytes()) && end_ok(b, j + 3))
+                .then_some(j + 3 - i);
+        }
+        u if u.is_ascii_alphabetic() => (false, j),
+        _ => return None,
+    };
+    let end = word_end(b, at);
+    let unit = &b[at..end];
+    let known = if spaced {
+        matches!(
+            unit,
+            b"ms"
+                | b"sec"
+                | b"secs"
+                | b"second"
+                | b"seconds"
+                | b"min"
+                | b"mins"
+                | b"minute"
+                | b"minutes"
+                | b"milliseconds"
+        )
+    } else {
+        matches!(
+            unit,
+            b"ms" | b"us" | b"ns" | b"s" | b"m" | b"h" | b"sec" | b"secs" | b"min" | b"mins"
+        )
+    };
+    known.then_some(end - i)
+}

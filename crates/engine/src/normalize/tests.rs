@@ -1,0 +1,471 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use super::reference::{mask_trying_every_byte, outcome_plain, sketch_plain};
+use super::*;
+
+fn all() -> Maskers {
+    Maskers {
+        ansi: true,
+        timestamps: true,
+        uuids: true,
+        hex_ids: true,
+        pids: true,
+        durations: true,
+        counters: true,
+        temp_paths: true,
+        ids: true,
+    }
+}
+
+proptest::proptest! {
+    /// Passing over bytes and words that start nothing changes nothing.
+    #[test]
+    fn skipping_masks_as_trying_every_byte(
+        parts in proptest::collection::vec(proptest::sample::select(&[
+            "2024-05-01T12:34:56.123Z", "12:34:56", "123e4567-e89b-12d3-a456-426614174000",
+            "deadbeef42", "pid 1234", "PID: 9", "12.3s", "45 ms", "3 times", "(3/10)", "#7",
+            "/tmp/abc", "req-7f3a9c", "msg_01H8XK2", "attempt 2", "retry #3", "run 9",
+            "took_ms: 132", "id=88", "\x1b[31m", "\x1b]0;t\x07", "é", "µs", "5µs", "word",
+            "a_b", "x1", " ", "  ", "\n", ".", "-", "_", "/", "(", "#", ":", "=", "\"", "0x1F2E3D4C",
+            "build", "1200px", "v0.1.0", "abc123def456",
+        ][..]), 0..40),
+    ) {
+        let s: String = parts.concat();
+        let m = all();
+        proptest::prop_assert_eq!(mask(&m, &s), mask_trying_every_byte(&m, &s));
+    }
+}
+
+#[test]
+fn masks_noise() {
+    let m = all();
+    let cases = [
+        ("\x1b[31merror\x1b[0m: x", "error: x"),
+        ("at 2024-05-01T12:34:56.123Z done", "at <ts> done"),
+        ("at 2024-05-01 12:34:56+02:00 done", "at <ts> done"),
+        ("time 09:15:01 ok", "time <ts> ok"),
+        ("id 123e4567-e89b-12d3-a456-426614174000.", "id <uuid>."),
+        ("commit deadbeef42 ok", "commit <hex> ok"),
+        ("started pid 1234, PID: 99", "started pid <n>, pid <n>"),
+        (
+            "took 12.3s and 45ms, 3 seconds",
+            "took <dur> and <dur>, <dur>",
+        ),
+        (
+            "read 5 times (3/10) attempt 2",
+            "read <n> times (<n>/<n>) attempt <n>",
+        ),
+        ("wrote /tmp/xyz123/out.txt", "wrote /tmp/<tmp>/out.txt"),
+        (
+            "[exec #7 exit=0 elapsed=0.01s]",
+            "[exec #<n> exit=0 elapsed=<dur>]",
+        ),
+        (
+            r#"{"message_id": "om_x100b8f06f1dcb1f8", "took_ms": 132, "seq": 4}"#,
+            r#"{"message_id": "<id>", "took_ms": <n>, "seq": <n>}"#,
+        ),
+        ("id msg_01H8XK2ZQW9 messageId=77", "id <id> messageId=<n>"),
+        ("Process Group PGID: 48213", "Process Group pid <n>"),
+        ("REVISION: 14", "revision <n>"),
+    ];
+    for (input, want) in cases {
+        assert_eq!(mask(&m, input), want, "{input:?}");
+    }
+}
+
+#[test]
+fn keeps_meaning() {
+    let m = all();
+    for s in [
+        "error[E0425]: cannot find value `x` in this scope",
+        "HTTP 503 Service Unavailable",
+        "line 42: unexpected token",
+        "héllo wörld — ünïcode 12",
+        "facade accepted",
+        "viewport top now at 1200px, 64GiB free",
+        "python3 x86_64 v2 utf8",
+        r#"{"count": 17, "port": 8080, "status": "processing"}"#,
+    ] {
+        assert_eq!(mask(&m, s), s);
+    }
+}
+
+#[test]
+fn classification() {
+    let loaded = loopguard_rules::Policy::builtin_default();
+    let c = loaded.policy.unwrap().resolve(None, None);
+    let r = ResultRules::from_config(&c);
+    let res = |output: &'static str, is_error: bool, exit_code: Option<i32>| ToolResult {
+        session: "s",
+        call_id: "c",
+        output,
+        is_error,
+        exit_code,
+        time_ms: 0,
+    };
+    let a = r.outcome(&res("done in 12ms at 2024-01-01T00:00:00Z", false, None));
+    let b = r.outcome(&res("done in 99ms at 2025-02-02T10:00:00Z", false, None));
+    assert_eq!(a.digest, b.digest);
+    assert!(!a.error && !a.empty && !a.retryable);
+    assert!(r.outcome(&res("  \n", false, None)).empty);
+    assert!(r.outcome(&res("No matches found.", false, None)).empty);
+    assert!(r.outcome(&res("x", false, Some(2))).error);
+    assert!(!r.outcome(&res("x", false, Some(0))).error);
+    let rl = r.outcome(&res("HTTP 429 Too Many Requests", true, None));
+    assert!(rl.error && rl.retryable);
+    // A successful output that mentions 500 is not retryable.
+    assert!(!r.outcome(&res("total 500", false, None)).retryable);
+}
+
+/// An ESC followed by a multi-byte character made the masker slice inside the character.
+#[test]
+fn escape_before_multibyte_char() {
+    assert_eq!(mask(&all(), "\x1bü ok"), "ü ok");
+}
+
+proptest::proptest! {
+    /// No input makes the masker panic or split a character.
+    #[test]
+    fn masking_never_panics(s in "[ -~\\x1b\\néü€😀0-9a-f:/().-]{0,80}") {
+        let out = mask(&all(), &s);
+        proptest::prop_assert!(out.len() <= s.len() + 16 * s.len().max(1));
+    }
+}
+
+#[test]
+fn long_results_hash_only_the_ends() {
+    let loaded = loopguard_rules::Policy::load_text(
+        std::path::Path::new("t.yaml"),
+        "version: 1\nresults: { max_bytes: 256 }\n".to_owned(),
+    );
+    let c = loaded.policy.unwrap().resolve(None, None);
+    let r = ResultRules::from_config(&c);
+    let mk = |mid: &str| format!("{}{}{}", "a".repeat(300), mid, "b".repeat(300));
+    let (x, y) = (mk("middle one"), mk("middle two"));
+    let res = |s: &str| {
+        r.outcome(&ToolResult {
+            session: "s",
+            call_id: "c",
+            output: s,
+            is_error: false,
+            exit_code: None,
+            time_ms: 0,
+        })
+    };
+    assert_eq!(res(&x).digest, res(&y).digest);
+    assert_ne!(res(&x).digest, res("short").digest);
+}
+
+// The sketch.
+fn error_page(slug: &str) -> String {
+    format!(
+        "HTTP 500 Internal Server Error for GET /api/v2/products/{slug}/inventory\n\
+         Traceback (most recent call last):\n\
+         File \"/srv/app/views/inventory.py\", line 88, in get_inventory\n\
+         rows = ledger.fetch_rows(product_id=product.id, warehouse=request.warehouse)\n\
+         File \"/srv/app/ledger/client.py\", line 214, in fetch_rows\n\
+         raise LedgerTimeout(\"ledger service did not answer within the deadline\")\n\
+         ledger.errors.LedgerTimeout: ledger service did not answer within the deadline\n\
+         The server could not complete your request. Please contact the administrator."
+    )
+}
+
+fn bits(a: &str, b: &str) -> u32 {
+    (sketch(a).unwrap() ^ sketch(b).unwrap()).count_ones()
+}
+
+#[test]
+fn near_duplicates_are_close() {
+    for (a, b) in [
+        ("blue-widget", "red-gadget"),
+        ("spring-sale-banner", "winter-coat"),
+        ("a", "completely-different-product-name-here"),
+    ] {
+        let d = bits(&error_page(a), &error_page(b));
+        assert!(d <= SKETCH_NEAR_BITS, "{a} vs {b}: {d} bits apart");
+    }
+}
+
+#[test]
+fn unrelated_texts_are_far() {
+    let listing = "total 48\ndrwxr-xr-x  5 dev dev 4096 Mar  3 10:12 .\n\
+        -rw-r--r--  1 dev dev  812 Mar  3 10:11 Cargo.toml\n\
+        -rw-r--r--  1 dev dev 2210 Mar  3 10:11 README.md\n\
+        drwxr-xr-x  2 dev dev 4096 Mar  3 10:12 src\n\
+        drwxr-xr-x  2 dev dev 4096 Mar  3 10:12 tests\n\
+        -rw-r--r--  1 dev dev  120 Mar  3 10:11 rustfmt.toml";
+    let d = bits(&error_page("blue-widget"), listing);
+    assert!(d > 2 * SKETCH_NEAR_BITS, "{d} bits apart");
+}
+
+#[test]
+fn numbers_are_folded() {
+    let a = error_page("item-1").replace("88", "12345");
+    assert_eq!(sketch(&a), sketch(&error_page("item-7")));
+}
+
+#[test]
+fn short_texts_have_no_sketch() {
+    assert_eq!(sketch("Status: pending"), None);
+    assert_eq!(sketch(""), None);
+    assert!(sketch(&error_page("x")).is_some());
+}
+
+#[test]
+fn long_texts_cost_a_bounded_amount() {
+    let long = "word ".repeat(1 << 16);
+    let mut prefix = "word ".repeat(super::sketch::SKETCH_MAX_WORDS as usize);
+    prefix.push_str("other tail entirely");
+    assert_eq!(sketch(&long), sketch(&prefix));
+}
+
+// The one-pass masker, the sketch and the outcome against their plain forms
+// (`reference.rs`).
+
+/// Pieces of text around which the maskers' rules turn: every masker's matches and near
+/// misses, in both cases, and the bytes that join or separate words.
+const PIECES: &[&str] = &[
+    "2024-05-01T12:34:56.123Z",
+    "2024/05/01",
+    "2024-05-01 12:34:56+02:00",
+    "2024-05-0",
+    "12:34:56",
+    "9:05:07,5",
+    "10:30",
+    "123e4567-e89b-12d3-a456-426614174000",
+    "ABCDEF12-e89b-12d3-a456-426614174000",
+    "123e4567-e89b",
+    "deadbeef",
+    "DEADBEEF42",
+    "deadbeefx",
+    "0x1F2E3D4C",
+    "0X1f2e3d4c5",
+    "0x12",
+    "pid 1234",
+    "PID: 9",
+    "pgid=3",
+    "PPID#4",
+    "tid  5",
+    "pid",
+    "pidx 3",
+    "12.3s",
+    "45 ms",
+    "3 seconds",
+    "7 minutes",
+    "2 milliseconds",
+    "1.5µs",
+    "5µs",
+    "3h",
+    "3hx",
+    "3 times",
+    "3 TIMES",
+    "3 timesx",
+    "(3/10)",
+    "(3/",
+    "#7",
+    "a#7",
+    "/tmp/abc",
+    "/var/tmp/x1",
+    "/private/tmp/q",
+    "x/tmp/y",
+    "req-7f3a9c",
+    "msg_01H8XK2",
+    "x-12ab",
+    "ab-12-",
+    "7f3a9c",
+    "1200px",
+    "v0.1.0",
+    "abc123def456",
+    "attempt 2",
+    "Attempt: 4",
+    "retry #3",
+    "try=1",
+    "ITERATION 2",
+    "round 7",
+    "revision#3",
+    "build 9",
+    "run 9",
+    "rerun 9",
+    "took_ms: 132",
+    "\"took_ms\": 132.5",
+    "id=88",
+    "\"id\":\"9\"",
+    "ts='12'",
+    "messageId=77",
+    "request-id: 4",
+    "x: 5",
+    "\x1b[31m",
+    "\x1b]0;t\x07",
+    "\x1b]0;t\x1b\\",
+    "\x1b",
+    "é",
+    "€",
+    "µ",
+    "word",
+    "Word",
+    "a_b",
+    "_1",
+    "x1",
+    "42",
+    " ",
+    "  ",
+    "\n",
+    "\t",
+    ".",
+    ",",
+    "-",
+    "--",
+    "_",
+    "/",
+    "(",
+    ")",
+    "#",
+    ":",
+    "=",
+    "\"",
+    "'",
+    "[",
+    "]",
+];
+
+fn maskers(on: [bool; 9]) -> Maskers {
+    let [
+        ansi,
+        timestamps,
+        uuids,
+        hex_ids,
+        pids,
+        durations,
+        counters,
+        temp_paths,
+        ids,
+    ] = on;
+    Maskers {
+        ansi,
+        timestamps,
+        uuids,
+        hex_ids,
+        pids,
+        durations,
+        counters,
+        temp_paths,
+        ids,
+    }
+}
+
+proptest::proptest! {
+    /// Ruling maskers out by what a word's scan learnt, and passing over the words no masker
+    /// matched, masks every text as trying every masker at every byte does, whichever maskers
+    /// are on.
+    #[test]
+    fn one_pass_masks_as_the_plain_maskers(
+        parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..48),
+        on in proptest::array::uniform9(proptest::bool::weighted(0.8)),
+    ) {
+        let s: String = parts.concat();
+        let m = maskers(on);
+        proptest::prop_assert_eq!(mask(&m, &s), mask_trying_every_byte(&m, &s));
+    }
+
+    /// The same for texts of arbitrary bytes from the alphabet the maskers read.
+    #[test]
+    fn one_pass_masks_any_text_as_the_plain_maskers(
+        s in "[ -~\\x1b\\n\\té€µ😀0-9a-fA-F:/().#_=\"'xX-]{0,160}",
+    ) {
+        let m = all();
+        proptest::prop_assert_eq!(mask(&m, &s), mask_trying_every_byte(&m, &s));
+    }
+
+    /// The word-at-a-time sketch is the byte-at-a-time one.
+    #[test]
+    fn sketch_is_the_plain_sketch(
+        parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..400),
+    ) {
+        let s: String = parts.concat();
+        proptest::prop_assert_eq!(sketch(&s), sketch_plain(&s));
+    }
+
+    /// A result's outcome is the one computed plainly, for the default policy and for one
+    /// with mask patterns, few bytes kept from each end and its own error patterns.
+    #[test]
+    fn outcome_is_the_plain_outcome(
+        parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..200),
+        lead in "[ \\n\\t]{0,3}",
+        is_error in proptest::bool::ANY,
+        exit_code in proptest::option::of(-1i32..3),
+    ) {
+        let output = format!("{lead}{}", parts.concat());
+        let r = ToolResult {
+            session: "s",
+            call_id: "c",
+            output: &output,
+            is_error,
+            exit_code,
+            time_ms: 0,
+        };
+        for rules in rules() {
+            proptest::prop_assert_eq!(rules.outcome(&r), outcome_plain(rules, &r));
+        }
+    }
+}
+
+/// The default policy's result rules, and rules with mask patterns, few bytes kept from each
+/// end and their own error patterns.
+fn rules() -> &'static [ResultRules; 2] {
+    static RULES: std::sync::OnceLock<[ResultRules; 2]> = std::sync::OnceLock::new();
+    RULES.get_or_init(|| [default_rules(), patterned_rules()])
+}
+
+fn default_rules() -> ResultRules {
+    let loaded = loopguard_rules::Policy::builtin_default();
+    ResultRules::from_config(&loaded.policy.unwrap().resolve(None, None))
+}
+
+fn patterned_rules() -> ResultRules {
+    let loaded = loopguard_rules::Policy::load_text(
+        std::path::Path::new("t.yaml"),
+        "version: 1\n\
+         results:\n  \
+           max_bytes: 256\n  \
+           patterns: [{ regex: 'word\\s+\\w', replace: '<w>' }, { regex: '[0-9]+', replace: 'N' }]\n  \
+           error_patterns: ['(?i)word']\n"
+            .to_owned(),
+    );
+    ResultRules::from_config(&loaded.policy.unwrap().resolve(None, None))
+}
+
+/// Long texts (more words than are sketched, long lines and many) give the plain sketch and
+/// outcome.
+#[test]
+fn long_texts_as_the_plain_forms() {
+    let log: String = (0..3000)
+        .map(|i| {
+            format!(
+                "2026-11-22T10:{:02}:{:02}Z [pid {}] compiling crate_{i} v0.{}.0 ({} ms) é\n",
+                (i / 60) % 60,
+                i % 60,
+                4000 + i % 97,
+                i % 9,
+                (i * 37) % 1000
+            )
+        })
+        .collect();
+    let line = "word 12 ".repeat(20_000);
+    for text in [log.as_str(), line.as_str(), &log[..1000], &log[..70]] {
+        assert_eq!(mask(&all(), text), mask_trying_every_byte(&all(), text));
+        assert_eq!(sketch(text), sketch_plain(text));
+        for rules in rules() {
+            for (is_error, exit_code) in [(false, Some(0)), (false, None), (true, None)] {
+                let r = ToolResult {
+                    session: "s",
+                    call_id: "c",
+                    output: text,
+                    is_error,
+                    exit_code,
+                    time_ms: 0,
+                };
+                assert_eq!(rules.outcome(&r), outcome_plain(rules, &r));
+            }
+        }
+    }
+}
