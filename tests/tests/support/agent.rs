@@ -103,6 +103,8 @@ pub struct Conversation {
     pub model: String,
     /// The `x-session-id` header (none in Responses chain mode).
     pub session: Option<String>,
+    /// The `x-request-id` header of the next request, if any.
+    pub request_id: Option<String>,
     /// Every message (Messages) or input item (Responses) the client sent or was given, in
     /// order: the conversation as the client sees it.
     pub history: Vec<Value>,
@@ -120,10 +122,17 @@ impl Conversation {
             stream,
             model: model.to_owned(),
             session: (format != Format::Responses { chain: true }).then(|| session.to_owned()),
+            request_id: None,
             history: vec![first.clone()],
             new: vec![first],
             previous: None,
         }
+    }
+
+    /// The agent's move after the latest answer, as the next request carries it: the results
+    /// of the calls it ran, or "Go on.".
+    pub fn moves(&self) -> &[Value] {
+        &self.new
     }
 
     /// The body of the next request.
@@ -157,6 +166,9 @@ impl Conversation {
         }
         if let Some(s) = &self.session {
             req = req.header("x-session-id", s);
+        }
+        if let Some(id) = &self.request_id {
+            req = req.header("x-request-id", id);
         }
         let resp = req.send().await.unwrap();
         let status = resp.status();
