@@ -572,9 +572,7 @@ impl State {
         self.sync(&session, &engine, &mut book);
         book.last_ms = now;
         engine.set_session_target(&session, None, model.as_deref());
-        let in_request = (0..msgs.len())
-            .filter(|&i| wire.seen(msgs, i) == Seen::Assistant)
-            .count() as u64;
+        let in_request = assistant_messages(wire, msgs);
         let assistant_turns = if previous.is_some() {
             book.turns.max(in_request)
         } else {
@@ -792,6 +790,22 @@ impl State {
         tracing::debug!(session = ?session, message = ?v.message, "loop intervention message");
         log_notes(v, session);
     }
+}
+
+/// How many assistant messages a conversation holds, as `loopctl simulate` counts them: each
+/// assistant message, and (Responses) each run of output items one model turn wrote (a
+/// message, reasoning, calls).
+fn assistant_messages(wire: Wire, msgs: &mut Messages<'_>) -> u64 {
+    let mut count = 0;
+    let mut previous = false;
+    for i in 0..msgs.len() {
+        let assistant = wire.seen(msgs, i) == Seen::Assistant;
+        if assistant && !(previous && wire == Wire::Responses) {
+            count += 1;
+        }
+        previous = assistant;
+    }
+    count
 }
 
 /// Whether the session's ladders include `chance_then_break` (its policy's, a category's, or
@@ -1530,6 +1544,47 @@ mod tests {
             });
         }
         assert_eq!(outcomes, ["allow", "allow", "warn", "block", "terminate"]);
+    }
+
+    /// Regression: with the whole Responses input, each output item (a message and the call
+    /// beside it) was counted as an assistant message of its own, so the decision log's `turn`
+    /// was not the one `loopctl simulate` gives the same conversation.
+    #[test]
+    fn a_run_of_responses_output_items_is_one_assistant_turn() {
+        let s = state(NudgePlacement::Context);
+        let headers = HeaderMap::new();
+        let turn_of = |input: Value| {
+            let mut body = json!({"model": "m", "store": false, "input": input});
+            match prep(&s, Wire::Responses, &headers, &mut body) {
+                Prepared::Forward(turn) => turn.assistant_turns,
+                other => panic!("{other:?}"),
+            }
+        };
+        let answer = |n: u64| {
+            vec![
+                json!({"type": "reasoning", "id": format!("rs_{n}"), "summary": []}),
+                json!({"type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Building."}]}),
+                json!({"type": "function_call", "call_id": format!("c{n}"), "name": "bash",
+                    "arguments": "{}"}),
+                json!({"type": "function_call_output", "call_id": format!("c{n}"),
+                    "output": "failed"}),
+            ]
+        };
+        let mut input = vec![json!({"role": "user", "content": "build"})];
+        assert_eq!(turn_of(json!(input.clone())), 0);
+        input.extend(answer(1));
+        input.extend(answer(2));
+        assert_eq!(turn_of(json!(input.clone())), 2);
+        // Chat messages are one turn each, even one after another.
+        let mut body = request(vec![
+            json!({"role": "assistant", "content": "a"}),
+            json!({"role": "assistant", "content": "b"}),
+        ]);
+        let Prepared::Forward(turn) = prep(&s, Wire::Chat, &headers, &mut body) else {
+            panic!()
+        };
+        assert_eq!(turn.assistant_turns, 2);
     }
 
     #[test]

@@ -9,7 +9,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::{Fake, Received, Scripted, json_body, named_event, pieces, script, sse_body, thirds};
+use super::{
+    Fake, Received, Scripted, TOLD, json_body, named_event, pieces, script, sse_body, thirds,
+};
 
 /// The id of the `tool_use` block a turn of request `n` calls with.
 pub fn tool_use_id(n: u64) -> String {
@@ -143,6 +145,27 @@ fn check(body: &Value) -> Option<(StatusCode, Value)> {
     None
 }
 
+/// Whether the request ends with a failed `tool_result` whose text carries the second chance's
+/// guidance ([`TOLD`]).
+fn told(body: &Value) -> bool {
+    let last = body["messages"].as_array().and_then(|m| m.last());
+    let Some(last) = last.filter(|m| m["role"] == "user") else {
+        return false;
+    };
+    last["content"].as_array().into_iter().flatten().any(|b| {
+        let text = match &b["content"] {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        };
+        b["type"] == "tool_result" && b["is_error"] == json!(true) && text.contains(TOLD)
+    })
+}
+
 /// `POST /v1/messages`: the model's turn for the request's `model` ([`script`]), whole or
 /// streamed as asked; a 400 with Anthropic's error envelope for a request the real API would
 /// refuse ([`check`]). Every request is recorded with its headers.
@@ -163,7 +186,7 @@ pub async fn fake_messages(State(f): State<Fake>, headers: HeaderMap, body: Byte
         record(status, Some(e.clone()));
         return json_body(status, &e);
     }
-    let Some(turn) = script(&model, n) else {
+    let Some(turn) = script(&model, n, told(&v)) else {
         let (status, e) = error(
             StatusCode::NOT_FOUND,
             "not_found_error",

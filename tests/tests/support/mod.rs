@@ -1,10 +1,11 @@
 //! What the proxy tests share: a scripted upstream (an axum app on 127.0.0.1) speaking OpenAI
 //! chat completions, Anthropic Messages ([`messages`]) and OpenAI Responses ([`responses`]), the
-//! real `loopctl proxy` binary as a child process, the test policy, and the runner of the
-//! Python agents on the official clients.
+//! real `loopctl proxy` binary as a child process, the test policy, the runner of the Python
+//! agents on the official clients, and an agent loop over raw HTTP ([`agent`]).
 
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod agent;
 pub mod messages;
 pub mod responses;
 
@@ -105,6 +106,14 @@ pub const RICH: &str = "Résumé ✓ — naïve café 🙂 漢字\n\n| a | b |\n
 
 pub const BUILD: &str = r#"{"command":"cargo build"}"#;
 pub const CHECK: &str = r#"{"command":"cargo check"}"#;
+
+/// The text of the `chance` script's answer once it was told that its call failed the same way
+/// (Anthropic and Responses fakes).
+pub const CHANGED: &str = "That failed the same way: trying `cargo check` instead.";
+
+/// What the proxy's second chance tells the upstream about the withheld call (the start of the
+/// failed result's text): the fakes' `chance` script changes course when it reads it.
+pub const TOLD: &str = "This exact call was just made";
 
 pub fn tool_call(id: &str, name: &str, args: &str) -> Value {
     json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
@@ -250,10 +259,7 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
                 .as_array()
                 .and_then(|m| m.last())
                 .is_some_and(|m| {
-                    m["role"] == "tool"
-                        && m["content"]
-                            .as_str()
-                            .is_some_and(|c| c.contains("This exact call was just made"))
+                    m["role"] == "tool" && m["content"].as_str().is_some_and(|c| c.contains(TOLD))
                 });
             let args = if told { CHECK } else { BUILD };
             (None, vec![tool_call(&format!("call_{n}"), "bash", args)])
@@ -329,11 +335,15 @@ pub struct Scripted {
 
 /// The Anthropic and Responses fakes' script for `model` at the fake's `n`-th request, as
 /// [`fake_chat`]'s: `loop` ("Building." and the same `bash cargo build` call every turn),
-/// `quietloop` (the same call, no text), `explore` (text and a `read_file` of a new path every
-/// turn: no loop), `rich` ([`RICH`], no call), `text` (a short answer). `None`: no such model.
-pub fn script(model: &str, n: u64) -> Option<Scripted> {
+/// `quietloop` (the same call, no text), `chance` ("Building." and the same call, until `told`
+/// — the request ends with a failed result carrying the second chance's guidance — then
+/// [`CHANGED`] and `cargo check`), `explore` (text and a `read_file` of a new path every turn:
+/// no loop), `rich` ([`RICH`], no call), `text` (a short answer). `None`: no such model.
+pub fn script(model: &str, n: u64, told: bool) -> Option<Scripted> {
     let (text, calls) = match model {
         "loop" => (Some("Building."), vec![("bash", BUILD.to_owned())]),
+        "chance" if told => (Some(CHANGED), vec![("bash", CHECK.to_owned())]),
+        "chance" => (Some("Building."), vec![("bash", BUILD.to_owned())]),
         "quietloop" => (None, vec![("bash", BUILD.to_owned())]),
         "explore" => (
             Some("Reading the next file."),

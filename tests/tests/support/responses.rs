@@ -10,7 +10,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::{Fake, Received, Scripted, json_body, named_event, pieces, script, sse_body, thirds};
+use super::{
+    Fake, Received, Scripted, TOLD, json_body, named_event, pieces, script, sse_body, thirds,
+};
 
 /// The `call_id` of the call a turn of request `n` makes.
 pub fn call_id(n: u64) -> String {
@@ -180,6 +182,24 @@ fn check(f: &Fake, body: &Value) -> Option<Value> {
         })
 }
 
+/// Whether the request's `input` ends with a `function_call_output` whose output carries the
+/// second chance's guidance ([`TOLD`]).
+fn told(body: &Value) -> bool {
+    let last = body["input"].as_array().and_then(|i| i.last());
+    last.is_some_and(|i| {
+        let output = match &i["output"] {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        };
+        i["type"] == "function_call_output" && output.contains(TOLD)
+    })
+}
+
 /// `POST /v1/responses`: the model's turn for the request's `model` ([`script`]), whole or
 /// streamed as asked, with the id `resp_N`; stored (unless `store: false`) with the calls it
 /// made, so that a request continuing it is checked ([`check`]: a 400 like the real API's).
@@ -201,7 +221,7 @@ pub async fn fake_responses(State(f): State<Fake>, headers: HeaderMap, body: Byt
         record(StatusCode::BAD_REQUEST, Some(e.clone()));
         return json_body(StatusCode::BAD_REQUEST, &e);
     }
-    let Some(turn) = script(&model, n) else {
+    let Some(turn) = script(&model, n, told(&v)) else {
         let e = invalid(&format!("The model `{model}` does not exist."), "model");
         record(StatusCode::NOT_FOUND, Some(e.clone()));
         return json_body(StatusCode::NOT_FOUND, &e);
