@@ -487,6 +487,7 @@ async fn plain(
         Ok(x) => x,
         Err(e) => return e.response(wire),
     };
+    let mut rewritten = false;
     if let Some((call, guidance)) = judge.second_chance() {
         // chance_then_break: the repeated call is withheld; the upstream hears that it failed
         // and is asked once more, within this request. Its second answer goes to the client as
@@ -502,9 +503,18 @@ async fn plain(
             Some(again_raw) => {
                 judge.retrying();
                 match judged(state, wire, again_raw, &mut judge) {
-                    Ok((v, r, d)) => {
+                    Ok((mut v, r, d)) => {
                         judge.chance_outcome(if repeated(&d) { "repeated" } else { "changed" });
                         tracing::info!(tool = ?call.name, "a repeated call was withheld and the upstream asked once more");
+                        if wire == Wire::Responses {
+                            // The client never saw the first answer: the second one is shown
+                            // continuing what the client named.
+                            crate::wire::responses::show_continuing(
+                                &mut v,
+                                judge.turn.continues.as_deref(),
+                            );
+                            rewritten = true;
+                        }
                         value = v;
                         raw = r;
                         done = d;
@@ -518,7 +528,7 @@ async fn plain(
             None => judge.chance_outcome("failed"),
         }
     }
-    let mut out = if done.is_empty() {
+    let mut out = if done.is_empty() && !rewritten {
         // Nothing changed: the client gets the upstream's bytes.
         let mut r = (status, raw).into_response();
         r.headers_mut().insert(
@@ -755,7 +765,9 @@ async fn pump(
                 let mut judge = rw.into_judge();
                 judge.retrying();
                 tracing::info!(tool = ?call.name, "a repeated call was withheld and the upstream asked once more");
+                let continues = judge.turn.continues.clone();
                 rw = wire.stream(judge);
+                rw.continues(continues.as_deref());
                 resp = r;
                 held.clear();
                 retried = true;

@@ -113,6 +113,8 @@ pub struct Turn {
     /// Whether the session's ladder gives repeated calls a second chance
     /// (`chance_then_break`): a stream is then held whole until its calls are judged.
     pub second_chances: bool,
+    /// The stored response a Responses request continues (`previous_response_id`).
+    pub continues: Option<String>,
     /// The proxy changed the request body (commands taken out, notes added): it is sent
     /// upstream re-serialized; otherwise the client's bytes go as they came.
     pub body_changed: bool,
@@ -590,6 +592,7 @@ impl State {
             assistant_turns,
             stored,
             second_chances,
+            continues: previous.clone(),
             body_changed: false,
         });
         let ladders = guard.ladders();
@@ -743,7 +746,7 @@ impl State {
         tool: Option<&str>,
         tool_call_id: Option<&str>,
     ) {
-        self.record_with(v, turn, at_turn, kind, tool, tool_call_id, None);
+        self.record_with(v, turn, at_turn, kind, tool, tool_call_id, None, now_ms());
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -756,6 +759,7 @@ impl State {
         tool: Option<&str>,
         tool_call_id: Option<&str>,
         second_chance: Option<&'static str>,
+        time_ms: u64,
     ) {
         let session = turn.session.as_str();
         if let Some(log) = &self.decisions {
@@ -771,7 +775,7 @@ impl State {
                     second_chance,
                 },
                 v,
-                now_ms(),
+                time_ms,
             );
         }
         let detector = v.detector.as_deref().unwrap_or("unknown");
@@ -939,9 +943,9 @@ pub struct TurnJudge {
     pub retried: bool,
     /// The id of the response being judged (Responses: the client continues from it).
     pub response_id: Option<String>,
-    /// The warn verdict given the second chance, recorded once the second answer says how it
-    /// went.
-    pending_chance: Option<(Verdict, CallIn)>,
+    /// The warn verdict given the second chance (and when), recorded once the second answer
+    /// says how it went.
+    pending_chance: Option<(Verdict, CallIn, u64)>,
 }
 
 impl TurnJudge {
@@ -975,7 +979,12 @@ impl TurnJudge {
     /// given for it written to the decision log with the outcome.
     pub fn chance_outcome(&mut self, outcome: &'static str) {
         self.state.metrics.second_chance(outcome);
-        if let Some((v, call)) = self.pending_chance.take() {
+        self.record_chance(outcome);
+    }
+
+    /// Writes the warning that gave the second chance, with how it went (once).
+    fn record_chance(&mut self, outcome: &'static str) {
+        if let Some((v, call, time_ms)) = self.pending_chance.take() {
             self.state.record_with(
                 &v,
                 &self.turn,
@@ -984,6 +993,7 @@ impl TurnJudge {
                 Some(&call.name),
                 Some(&call.id),
                 Some(outcome),
+                time_ms,
             );
         }
     }
@@ -1011,12 +1021,13 @@ impl Judge for TurnJudge {
         let turn = self.turn.clone();
         let retried = self.retried;
         let response_id = self.response_id.clone();
+        let mut records = Vec::new();
         let (judged, chance) = self.with_book(|book| {
             let now = now_ms();
             book.last_ms = now;
             book.dirty = true;
             book.turns = turn.assistant_turns + 1;
-            let judged = judge_turn(&state, &turn, book, text, calls, retried, now);
+            let judged = judge_turn(&state, &turn, book, text, calls, retried, now, &mut records);
             if let Some(id) = &response_id
                 && turn.wire == Wire::Responses
             {
@@ -1040,18 +1051,56 @@ impl Judge for TurnJudge {
             }
             judged
         });
+        if retried && self.pending_chance.is_some() {
+            // The second answer's decisions follow the warning that gave it its chance.
+            let outcome = if judged
+                .interventions
+                .iter()
+                .any(|i| i.tool_call_id.is_some() && i.action != "warn")
+                || judged.terminate.is_some()
+            {
+                "repeated"
+            } else {
+                "changed"
+            };
+            self.record_chance(outcome);
+        }
+        for r in records {
+            state.record_with(
+                &r.verdict,
+                &turn,
+                r.at_turn,
+                r.kind,
+                r.tool.as_deref(),
+                r.call_id.as_deref(),
+                None,
+                r.time_ms,
+            );
+        }
         if let Some((call, guidance, v)) = chance {
             self.chance = Some((call.clone(), guidance));
-            self.pending_chance = Some((v, call));
+            self.pending_chance = Some((v, call, now_ms()));
         }
         judged
     }
+}
+
+/// A decision of a turn, written to the log once the turn is judged.
+#[derive(Debug)]
+struct Record {
+    verdict: Verdict,
+    at_turn: u64,
+    kind: &'static str,
+    tool: Option<String>,
+    call_id: Option<String>,
+    time_ms: u64,
 }
 
 /// A judged turn, and the second chance to offer when its lone call was warned by the first
 /// step of `chance_then_break`.
 type Decided = (Judged, Option<(CallIn, String, Verdict)>);
 
+#[allow(clippy::too_many_arguments)]
 fn judge_turn(
     state: &State,
     turn: &Turn,
@@ -1060,6 +1109,7 @@ fn judge_turn(
     calls: &[CallIn],
     retried: bool,
     now: u64,
+    records: &mut Vec<Record>,
 ) -> Decided {
     let mut done = Vec::new();
     let seen = |v: &Verdict, call: Option<&CallIn>| Intervention {
@@ -1081,7 +1131,14 @@ fn judge_turn(
             time_ms: now,
         }));
         if !v.is_allow() {
-            state.record(&v, turn, at_turn, "text", None, None);
+            records.push(Record {
+                verdict: v.clone(),
+                at_turn,
+                kind: "text",
+                tool: None,
+                call_id: None,
+                time_ms: now,
+            });
             if v.action == Action::Terminate {
                 return (
                     Judged {
@@ -1130,7 +1187,14 @@ fn judge_turn(
                 v.clone(),
             ));
         } else {
-            state.record(&v, turn, at_turn, "call", Some(&c.name), Some(&c.id));
+            records.push(Record {
+                verdict: v.clone(),
+                at_turn,
+                kind: "call",
+                tool: Some(c.name.clone()),
+                call_id: Some(c.id.clone()),
+                time_ms: now,
+            });
         }
         if v.action != Action::Terminate {
             done.push(seen(&v, Some(c)));

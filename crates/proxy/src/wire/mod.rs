@@ -383,6 +383,12 @@ pub trait Rewriter<J>: Send {
     fn answer(&self) -> Option<Value>;
     /// The judge, taken back.
     fn into_judge(self: Box<Self>) -> J;
+    /// The stream is the upstream's second answer, continuing the first (withheld) one: it is
+    /// shown to the client as continuing `previous` instead, the response the client named
+    /// (Responses; other formats have no such field).
+    fn continues(&mut self, previous: Option<&str>) {
+        let _ = previous;
+    }
 }
 
 /// What a format's stream rewriter does with the events of the stream; [`feed`] and [`end`]

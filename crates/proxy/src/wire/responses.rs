@@ -173,6 +173,19 @@ pub fn withheld(upstream: &Value, rewritten: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Shows a whole second answer as continuing `previous` (the response the client named)
+/// rather than the withheld first answer.
+pub fn show_continuing(body: &mut Value, previous: Option<&str>) {
+    if let Some(obj) = body.as_object_mut()
+        && obj.contains_key("previous_response_id")
+    {
+        obj.insert(
+            "previous_response_id".into(),
+            previous.map_or(Value::Null, |p| json!(p)),
+        );
+    }
+}
+
 /// Whether the upstream stores the responses of this request (so a later request may continue
 /// from them): `store` is true unless the request says false.
 fn stored(request: &Value) -> bool {
@@ -265,6 +278,9 @@ pub struct Stream<J> {
     judged: Option<Judged>,
     /// The response object of the latest event carrying one.
     response: Map<String, Value>,
+    /// For a second answer: the `previous_response_id` its response objects show (the one the
+    /// client named, not the withheld first answer).
+    shown_previous: Option<Value>,
     state: StreamState,
 }
 
@@ -281,6 +297,7 @@ impl<J: Judge> Stream<J> {
             buffered: 0,
             judged: None,
             response: Map::new(),
+            shown_previous: None,
             state: StreamState::default(),
         }
     }
@@ -333,6 +350,11 @@ impl<J: Judge> Stream<J> {
             .or(ev.event.as_deref())
             .unwrap_or_default()
             .to_owned();
+        if let (Some(Value::Object(r)), Some(shown)) = (d.get_mut("response"), &self.shown_previous)
+            && r.contains_key("previous_response_id")
+        {
+            r.insert("previous_response_id".into(), shown.clone());
+        }
         if let Some(Value::Object(r)) = d.get("response") {
             self.response = r.clone();
         }
@@ -625,6 +647,10 @@ impl<J: Judge> Rewriter<J> for Stream<J> {
 
     fn into_judge(self: Box<Self>) -> J {
         self.judge
+    }
+
+    fn continues(&mut self, previous: Option<&str>) {
+        self.shown_previous = Some(previous.map_or(Value::Null, |p| json!(p)));
     }
 
     fn abandon(&mut self) -> usize {
