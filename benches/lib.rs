@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 #![allow(clippy::expect_used)] // benchmark support code: a broken setup should stop the run
 
 //! Shared inputs for the benchmarks and the allocation checks: realistic tool calls with
@@ -60,24 +61,40 @@ pub fn big_output(len: usize) -> String {
 /// An owned event for replaying long synthetic transcripts.
 #[derive(Debug, Clone)]
 pub enum Owned {
+    /// A tool call.
     Call {
+        /// The call's id.
         id: String,
+        /// The tool.
         tool: String,
+        /// Its arguments.
         args: Value,
+        /// Event time (ms).
         t: u64,
     },
+    /// A tool's result.
     Result {
+        /// The id of the call it answers.
         id: String,
+        /// The output.
         output: String,
+        /// Whether it failed.
         error: bool,
+        /// Event time (ms).
         t: u64,
     },
+    /// Assistant text.
     Text {
+        /// The text.
         text: String,
+        /// Event time (ms).
         t: u64,
     },
+    /// A person's message.
     User {
+        /// The text.
         text: String,
+        /// Event time (ms).
         t: u64,
     },
 }

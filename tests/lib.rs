@@ -5,6 +5,8 @@
 //! packages are built here, once per test process, with the same cargo and profile as the tests
 //! themselves (a no-op when they are fresh). Everything is built by one `cargo build` so features
 //! unify the same way every time and nothing is rebuilt twice.
+
+#![warn(missing_docs)]
 #![allow(clippy::expect_used, clippy::panic)] // test support: failing loudly is the point
 
 use std::path::{Path, PathBuf};

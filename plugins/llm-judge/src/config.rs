@@ -13,6 +13,7 @@ pub struct ModelConfig {
     /// Base URL up to and including the API version, e.g. `https://api.openai.com/v1`;
     /// `/chat/completions` is appended.
     pub base_url: String,
+    /// The model's name, as the server knows it.
     pub model: String,
     /// The environment variable holding the API key (never the key itself).
     #[serde(default)]
@@ -22,52 +23,74 @@ pub struct ModelConfig {
 /// Where the cost and error log goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogTarget {
+    /// Nowhere.
     Off,
+    /// Standard error.
     Stderr,
+    /// Appended to this file.
     File(String),
 }
 
+/// The judge's configuration (defaults as in docs/plugins.md).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The model asked first, at every check.
     pub fast: ModelConfig,
+    /// The model asked to confirm a loop the fast one reports; without it the fast verdict
+    /// stands.
     #[serde(default)]
     pub strong: Option<ModelConfig>,
+    /// Confidence (0 to 1) from which a verdict is a loop.
     #[serde(default = "d_threshold")]
     pub threshold: f64,
+    /// No check before this assistant turn of the current prompt.
     #[serde(default = "d_first_turn")]
     pub first_turn: u64,
+    /// Turns between checks until one answers.
     #[serde(default = "d_initial_interval")]
     pub initial_interval: u64,
+    /// Turns to the next check after an answer of full confidence.
     #[serde(default = "d_min_interval")]
     pub min_interval: u64,
+    /// Turns to the next check after an answer of no confidence.
     #[serde(default = "d_max_interval")]
     pub max_interval: u64,
+    /// History entries sent with a check.
     #[serde(default = "d_history_entries")]
     pub history_entries: usize,
+    /// Most characters of one entry sent.
     #[serde(default = "d_entry_chars")]
     pub entry_chars: usize,
+    /// Most characters of the whole history sent.
     #[serde(default = "d_history_chars")]
     pub history_chars: usize,
+    /// How long one model request may take.
     #[serde(default = "d_timeout_ms")]
     pub timeout_ms: u64,
+    /// Requests per model and check (1 or 2).
     #[serde(default = "d_max_attempts")]
     pub max_attempts: u32,
+    /// Wait before the second attempt.
     #[serde(default = "d_backoff_ms")]
     pub backoff_ms: u64,
+    /// Checks in flight at once.
     #[serde(default = "d_max_concurrent")]
     pub max_concurrent: usize,
     /// Sessions remembered at once; the least recently seen is forgotten first.
     #[serde(default = "d_max_sessions")]
     pub max_sessions: usize,
+    /// Ask for the answer with `response_format: json_schema`.
     #[serde(default = "d_true")]
     pub structured_output: bool,
+    /// Most tokens of an answer.
     #[serde(default = "d_max_tokens")]
     pub max_tokens: u32,
     /// Wait for a check's verdict (up to `blocking_deadline_ms`) on the event that started it,
     /// instead of applying it at the next event after it arrives.
     #[serde(default)]
     pub blocking: bool,
+    /// How long `blocking` waits for a verdict.
     #[serde(default = "d_deadline")]
     pub blocking_deadline_ms: u64,
     /// `stderr`, `off`, or a file path: one JSON line per check (tokens, latency, outcome).
@@ -128,6 +151,7 @@ fn d_log() -> String {
 }
 
 impl Config {
+    /// The configuration from a policy's `config:` block, checked.
     pub fn from_json(v: Value) -> Result<Config, String> {
         let c: Config = serde_json::from_value(v).map_err(|e| format!("llm-judge config: {e}"))?;
         if !(0.0..=1.0).contains(&c.threshold) {
@@ -153,7 +177,8 @@ impl Config {
         Ok(c)
     }
 
-    pub fn schedule(&self) -> Schedule {
+    /// When checks are due.
+    pub(crate) fn schedule(&self) -> Schedule {
         Schedule {
             first_turn: self.first_turn,
             initial_interval: self.initial_interval,
@@ -162,7 +187,8 @@ impl Config {
         }
     }
 
-    pub fn limits(&self) -> Limits {
+    /// The size bounds of what a check sends.
+    pub(crate) fn limits(&self) -> Limits {
         Limits {
             entries: self.history_entries,
             entry_chars: self.entry_chars,
@@ -170,6 +196,7 @@ impl Config {
         }
     }
 
+    /// Where the check log goes.
     pub fn log_target(&self) -> LogTarget {
         match self.log.as_str() {
             "off" | "" => LogTarget::Off,

@@ -6,19 +6,28 @@ use std::collections::VecDeque;
 
 use crate::mask::mask_secrets;
 
-/// One entry of the history.
+/// One entry of the history (a person's message is not an entry: it starts a new history, as
+/// the request the entries answer).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
-    User(String),
+    /// The assistant's text.
     Assistant(String),
+    /// A tool call.
     Call {
+        /// The call's id.
         id: String,
+        /// The tool.
         tool: String,
+        /// Its arguments as text.
         arguments: String,
     },
+    /// A tool's result.
     Result {
+        /// The id of the call it answers.
         id: String,
+        /// The output.
         output: String,
+        /// Whether it failed.
         error: bool,
     },
 }
@@ -58,9 +67,9 @@ impl History {
         self.request = Some(clip(&mask_secrets(text), limits.entry_chars * 2));
     }
 
+    /// Adds an entry (masked and clipped), dropping the oldest beyond what trimming needs.
     pub fn push(&mut self, entry: Entry, limits: &Limits) {
         let entry = match entry {
-            Entry::User(t) => Entry::User(clip(&mask_secrets(&t), limits.entry_chars)),
             Entry::Assistant(t) => Entry::Assistant(clip(&mask_secrets(&t), limits.entry_chars)),
             Entry::Call {
                 id,
@@ -85,6 +94,7 @@ impl History {
         self.entries.push_back(entry);
     }
 
+    /// The request the entries answer (the latest person's message).
     pub fn request(&self) -> Option<&str> {
         self.request.as_deref()
     }
@@ -129,7 +139,7 @@ impl History {
 
 fn entry_len(e: &Entry) -> usize {
     match e {
-        Entry::User(t) | Entry::Assistant(t) => t.len(),
+        Entry::Assistant(t) => t.len(),
         Entry::Call {
             tool, arguments, ..
         } => tool.len() + arguments.len(),
@@ -160,7 +170,6 @@ pub fn render(request: Option<&str>, window: &[Entry]) -> String {
     out.push_str("RECENT HISTORY (oldest first):\n");
     for (i, e) in window.iter().enumerate() {
         let line = match e {
-            Entry::User(t) => format!("[{}] USER: {t}", i + 1),
             Entry::Assistant(t) => format!("[{}] ASSISTANT: {t}", i + 1),
             Entry::Call {
                 tool, arguments, ..

@@ -72,12 +72,15 @@ pub struct Answer {
 /// Why an answer could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AnswerError {
+    /// The response has no message content.
     #[error("the response has no message content")]
-    NoContent,
+    Content,
+    /// The answer holds no JSON object.
     #[error("no JSON object in the answer")]
-    NoJson,
+    Json,
+    /// The answer's JSON has no usable confidence.
     #[error("the answer has no usable `unproductive_state_confidence`")]
-    NoConfidence,
+    Confidence,
 }
 
 /// Reads the content of a chat-completions response body.
@@ -85,13 +88,13 @@ pub fn content_of(response: &Value) -> Result<&str, AnswerError> {
     response
         .pointer("/choices/0/message/content")
         .and_then(Value::as_str)
-        .ok_or(AnswerError::NoContent)
+        .ok_or(AnswerError::Content)
 }
 
 /// Parses an answer robustly: bare JSON, JSON in a code fence or surrounded by prose; the
 /// confidence as a number, a numeric string or a percentage.
 pub fn parse_answer(content: &str) -> Result<Answer, AnswerError> {
-    let obj = first_json_object(content).ok_or(AnswerError::NoJson)?;
+    let obj = first_json_object(content).ok_or(AnswerError::Json)?;
     let confidence = match obj.get("unproductive_state_confidence") {
         Some(Value::Number(n)) => n.as_f64(),
         Some(Value::String(s)) => {
@@ -104,7 +107,7 @@ pub fn parse_answer(content: &str) -> Result<Answer, AnswerError> {
         _ => None,
     }
     .filter(|c| c.is_finite())
-    .ok_or(AnswerError::NoConfidence)?;
+    .ok_or(AnswerError::Confidence)?;
     // Some models answer on a 0–100 scale.
     let confidence = if confidence > 1.0 && confidence <= 100.0 {
         confidence / 100.0
@@ -280,14 +283,14 @@ mod tests {
         );
         assert_eq!(ok("{\"unproductive_state_confidence\": \"90%\"}"), 0.9);
         assert_eq!(ok("{\"unproductive_state_confidence\": -3}"), 0.0);
-        assert_eq!(parse_answer("no json here"), Err(AnswerError::NoJson));
+        assert_eq!(parse_answer("no json here"), Err(AnswerError::Json));
         assert_eq!(
             parse_answer("{\"confidence\": 1}"),
-            Err(AnswerError::NoConfidence)
+            Err(AnswerError::Confidence)
         );
         assert_eq!(
             parse_answer("{\"unproductive_state_confidence\": \"high\"}"),
-            Err(AnswerError::NoConfidence)
+            Err(AnswerError::Confidence)
         );
     }
 

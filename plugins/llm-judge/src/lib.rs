@@ -6,13 +6,15 @@
 //! ([`mask`]); [`judge`] builds the request, parses the answer and combines the fast and the
 //! strong model's verdicts.
 
-pub mod client;
+#![warn(missing_docs)]
+
+mod client;
 pub mod config;
-pub mod history;
-pub mod judge;
-pub mod mask;
+mod history;
+mod judge;
+mod mask;
 pub mod plugin;
-pub mod schedule;
+mod schedule;
 
 use loopguard_plugin_sdk::{Detection, Detector, Event, export_plugin};
 

@@ -62,6 +62,8 @@ impl std::fmt::Debug for LogSink {
 }
 
 impl Judge {
+    /// A judge with its own runtime and HTTP client; fails when either cannot start or the log
+    /// file cannot be opened.
     pub fn new(cfg: Config) -> Result<Judge, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -94,6 +96,8 @@ impl Judge {
         })
     }
 
+    /// Observes one event: records it in the session's history, starts a check when one is
+    /// due, and reports a loop that a check found.
     pub fn on_event(&mut self, ev: &Event<'_>) -> Option<Detection> {
         let cfg = Arc::clone(&self.cfg);
         let schedule = cfg.schedule();

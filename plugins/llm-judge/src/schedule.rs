@@ -90,6 +90,8 @@ impl Clock {
         }
     }
 
+    /// The turn the next check is due at (`None`: the first check's turn).
+    #[cfg(test)]
     pub fn next_due(&self) -> Option<u64> {
         self.next_due
     }

@@ -46,6 +46,8 @@
 //! | `ignore_tools` | `[]`    | tools whose results are never compared                      |
 //! | `failures_only`| true    | count only failed or empty results (successes repeat legitimately) |
 
+#![warn(missing_docs)]
+
 use std::collections::VecDeque;
 
 use loopguard_hash::splitmix as mix;
@@ -80,12 +82,19 @@ pub const SLOTS: usize = 16;
 /// The plugin's configuration (see the crate docs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Similar results (this one included) that make a loop.
     pub min_count: usize,
+    /// How many recent results of the session are looked at.
     pub window: usize,
+    /// MinHash agreement (0–1] at which two results are the same.
     pub similarity: f64,
+    /// Mask every number before comparing.
     pub mask_numbers: bool,
+    /// Bytes of each output that are read.
     pub max_bytes: usize,
+    /// Sessions remembered at once.
     pub max_sessions: usize,
+    /// Tools whose results are never compared.
     pub ignore_tools: Vec<String>,
     /// Count only failed or empty results (successful answers repeat legitimately: `ok`,
     /// "The file has been updated").
@@ -389,7 +398,9 @@ fn fnv(bytes: &[u8]) -> u64 {
 /// A result, remembered without its text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sketch {
+    /// Hash of the whole normalized output (equal outputs: equal digests).
     pub digest: u64,
+    /// The output's MinHash signature over its tokens.
     pub minhash: [u32; SLOTS],
 }
 

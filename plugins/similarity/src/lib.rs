@@ -50,6 +50,8 @@
 //! | `max_sessions` | 1024    | sessions remembered at once                       |
 //! | `failures_only`| true    | count only calls whose results failed             |
 
+#![warn(missing_docs)]
+
 use std::collections::VecDeque;
 
 // Call, group and result keys: a stable 64-bit hash of several byte strings.
@@ -102,10 +104,15 @@ impl Steps {
 /// The plugin's configuration (see the crate docs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Similarity (0–1] at which two calls are "similar".
     pub threshold: f64,
+    /// Similar calls (this one included) that make a loop.
     pub min_count: usize,
+    /// How many recent calls of the session are looked at.
     pub window: usize,
+    /// Characters kept per string.
     pub max_chars: usize,
+    /// Sessions remembered at once.
     pub max_sessions: usize,
     /// Count only calls whose results failed (near-identical successful calls are usually the
     /// next item of a batch).

@@ -1,6 +1,8 @@
 //! Test plugin: its `on_event` returns a status code the ABI does not define. The host must
 //! report an error, not guess.
 
+#![warn(missing_docs)]
+
 use loopguard_plugin_sdk::abi::{DetectionOut, EventView, PluginDescriptor};
 use loopguard_plugin_sdk::{Detection, Detector, Event, export_plugin};
 

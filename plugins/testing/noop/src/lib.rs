@@ -6,6 +6,8 @@
 //! `target/debug/libloopguard_plugin_noop.so`. The tests use it to check loading, and the benches
 //! to measure what the plugin boundary itself costs per event.
 
+#![warn(missing_docs)]
+
 use loopguard_plugin_sdk::{Detection, Detector, Event, export_plugin};
 
 /// Never detects anything; accepts no configuration beyond an empty object.

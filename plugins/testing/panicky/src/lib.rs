@@ -1,6 +1,8 @@
 //! Test plugin: panics in `on_event` (after `create` succeeded). The host must survive, poison the
 //! plugin and stop calling it.
 
+#![warn(missing_docs)]
+
 use loopguard_plugin_sdk::{Detection, Detector, Event, export_plugin};
 
 /// Panics on every event.

@@ -4,6 +4,8 @@
 //! session's plugin work does not hold up another's: files, not timing, say when the slow event
 //! is inside the plugin and when it may leave.
 
+#![warn(missing_docs)]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,8 @@
 //! Test plugin: claims an ABI version no host speaks. The host must refuse it before reading
 //! anything else, naming the file and both versions.
 
+#![warn(missing_docs)]
+
 use loopguard_plugin_sdk::{Detection, Detector, Event, export_plugin};
 
 /// The version this plugin claims.
