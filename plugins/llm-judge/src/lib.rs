@@ -1,10 +1,10 @@
 //! The LLM judge: a detector plugin that asks a model whether the agent is still making progress.
 //!
-//! The pieces, each a policy parameter: [`schedule`] decides when to ask (not before turn 30 of
-//! the current prompt, then every 3 turns, then at an interval that adapts to the last answer's
-//! confidence); [`history`] keeps what the judge reads, bounded and with secrets masked
-//! ([`mask`]); [`judge`] builds the request, parses the answer and combines the fast and the
-//! strong model's verdicts.
+//! The pieces, each a policy parameter ([`config`]): `schedule.rs` decides when to ask (not
+//! before turn 30 of the current prompt, then every 3 turns, then at an interval that adapts to
+//! the last answer's confidence); `history.rs` keeps what the judge reads, bounded and with
+//! secrets masked (`mask.rs`); `judge.rs` builds the request, parses the answer and combines the
+//! fast and the strong model's verdicts; [`plugin`] runs checks on the plugin's own runtime.
 
 #![warn(missing_docs)]
 
