@@ -565,6 +565,27 @@ impl Engine {
         Ok(d)
     }
 
+    /// Resolves the session for the backend and model it talks to: the policy's `overrides`
+    /// matching them apply to it from now on. `None` keeps the engine's own `backend`/`model`.
+    /// Cheap when nothing changes, so a host may call it before every model request.
+    #[pyo3(signature = (session, backend = None, model = None))]
+    fn set_session_target(&self, session: &str, backend: Option<&str>, model: Option<&str>) {
+        self.engine.set_session_target(session, backend, model);
+    }
+
+    /// The backend and model the session is resolved for, as a dict of those known.
+    fn session_target<'py>(&self, py: Python<'py>, session: &str) -> PyResult<Bound<'py, PyDict>> {
+        let t = self.engine.session_target(session);
+        let d = PyDict::new(py);
+        if let Some(v) = t.backend {
+            d.set_item("backend", v)?;
+        }
+        if let Some(v) = t.model {
+            d.set_item("model", v)?;
+        }
+        Ok(d)
+    }
+
     /// Makes the session a worker of a group (swarm): its calls also count for the group.
     fn join_group(&self, session: &str, group: &str, worker: &str) {
         self.engine.join_group(session, group, worker);

@@ -96,6 +96,31 @@ def test_a_policy_from_a_file_and_its_overrides(tmp_path):
     assert Action.BLOCK in [v.action for v in loop(engine, "s", 5)]
 
 
+def test_a_session_target_applies_the_overrides_matching_its_model(tmp_path):
+    policy_file = tmp_path / "targets.yaml"
+    policy_file.write_text(
+        "version: 1\nname: targets\nextends: builtin:default\n"
+        "overrides:\n"
+        "  - match: { model: \"*-mini*\" }\n"
+        "    detectors:\n"
+        "      exact_repeat: { threshold: 2 }\n"
+    )
+    engine = loopguard.Engine(loopguard.Policy.load(policy_file), backend="openai", model="gpt-x")
+    engine.set_session_target("small", model="gpt-4o-mini")
+    assert engine.session_target("small") == {"backend": "openai", "model": "gpt-4o-mini"}
+    assert engine.session_target("big") == {"backend": "openai", "model": "gpt-x"}
+    # The small model's session is stopped sooner than the engine's own rules would stop it.
+    # (`deploy` is in no category, so the policy's top-level detectors, which the override
+    # replaces, judge it.)
+    first_small = next(
+        i for i, v in enumerate(loop(engine, "small", 6, "deploy", {"env": "prod"})) if not v.is_allow
+    )
+    first_big = next(
+        i for i, v in enumerate(loop(engine, "big", 6, "deploy", {"env": "prod"})) if not v.is_allow
+    )
+    assert first_small < first_big
+
+
 def test_session_settings_switch_detection_off():
     engine = loopguard.Engine()
     engine.set_session_settings("quiet", enabled=False)
