@@ -260,6 +260,117 @@ fn to_json(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Value> {
     }
 }
 
+/// Writes a JSON-like Python value as JSON text, as [`to_json`] would convert it and
+/// `serde_json` print it, without building the value: the engine fingerprints the text in one
+/// pass. `Ok(false)` when the text would not mean the same as the converted value: a dict with a
+/// key that is not a string (two keys may then print alike; the conversion keeps the last).
+fn write_json(obj: &Bound<'_, PyAny>, depth: u32, out: &mut String) -> PyResult<bool> {
+    use std::fmt::Write as _;
+    if depth > MAX_DEPTH {
+        return Err(PyValueError::new_err("arguments are nested too deeply"));
+    }
+    if obj.is_none() {
+        out.push_str("null");
+    } else if let Ok(b) = obj.cast::<PyBool>() {
+        out.push_str(if b.is_true() { "true" } else { "false" });
+    } else if let Ok(i) = obj.cast::<PyInt>() {
+        if let Ok(v) = i.extract::<i64>() {
+            let _ = write!(out, "{v}");
+        } else if let Ok(v) = i.extract::<u64>() {
+            let _ = write!(out, "{v}");
+        } else {
+            write_float(i.extract()?, out);
+        }
+    } else if let Ok(f) = obj.cast::<PyFloat>() {
+        write_float(f.value(), out);
+    } else if let Ok(s) = obj.cast::<PyString>() {
+        write_str(&s.to_cow()?, out);
+    } else if let Ok(d) = obj.cast::<PyDict>() {
+        out.push('{');
+        for (n, (k, v)) in d.iter().enumerate() {
+            let Ok(key) = k.cast::<PyString>() else {
+                return Ok(false);
+            };
+            if n > 0 {
+                out.push(',');
+            }
+            write_str(&key.to_cow()?, out);
+            out.push(':');
+            if !write_json(&v, depth + 1, out)? {
+                return Ok(false);
+            }
+        }
+        out.push('}');
+    } else if let Ok(l) = obj.cast::<PyList>() {
+        return write_items(l.iter(), depth, out);
+    } else if let Ok(t) = obj.cast::<PyTuple>() {
+        return write_items(t.iter(), depth, out);
+    } else {
+        // The conversion names the type in its error.
+        to_json(obj, depth)?;
+    }
+    Ok(true)
+}
+
+fn write_items<'py>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    depth: u32,
+    out: &mut String,
+) -> PyResult<bool> {
+    out.push('[');
+    for (n, x) in items.enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        if !write_json(&x, depth + 1, out)? {
+            return Ok(false);
+        }
+    }
+    out.push(']');
+    Ok(true)
+}
+
+/// A float as `serde_json` prints it; not finite (no JSON number) as `null`.
+fn write_float(f: f64, out: &mut String) {
+    use std::fmt::Write as _;
+    match Number::from_f64(f) {
+        Some(n) => {
+            let _ = write!(out, "{n}");
+        }
+        None => out.push_str("null"),
+    }
+}
+
+/// A string as a JSON string literal, escaped as `serde_json` escapes it.
+fn write_str(s: &str, out: &mut String) {
+    out.push('"');
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        // Every byte escaped is ASCII, so `i` is a character boundary.
+        out.push_str(&s[start..i]);
+        if escape.is_empty() {
+            use std::fmt::Write as _;
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(escape);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
+}
+
 /// Arguments as the host gave them: JSON text, or a value converted from Python.
 enum Args {
     Text(String),
@@ -270,7 +381,14 @@ impl Args {
     fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Args> {
         match obj.cast::<PyString>() {
             Ok(s) => Ok(Args::Text(s.to_cow()?.into_owned())),
-            Err(_) => Ok(Args::Value(to_json(obj, 0)?)),
+            Err(_) => {
+                let mut text = String::with_capacity(256);
+                if write_json(obj, 0, &mut text)? {
+                    Ok(Args::Text(text))
+                } else {
+                    Ok(Args::Value(to_json(obj, 0)?))
+                }
+            }
         }
     }
 

@@ -53,6 +53,28 @@ def test_arguments_as_text_and_as_dict_are_the_same_call():
     assert Action.BLOCK in va
 
 
+def test_a_dict_and_its_json_text_are_one_call_in_a_session():
+    # Alternating the two forms of each argument set must still be a repeat of one call;
+    # strings that need escaping, nested lists and tuples, floats, big ints and keys that are
+    # not strings included.
+    tricky = [
+        {"command": 'echo "quoted" \\ back\ttab\nline\x01\x1f é 😀', "cwd": "/tmp"},
+        {"items": [1, -2, 2.5, 1e300, float("nan"), 2**70, (True, None)], "nested": {"a": {"b": []}}},
+        {1: "one", "2": "two"},
+    ]
+    for args in tricky:
+        engine = loopguard.Engine()
+        forms = [args, json.dumps(args, allow_nan=True).replace("NaN", "null")]
+        actions = [engine.call("s", f"c{i}", "deploy", forms[i % 2]).action for i in range(4)]
+        assert actions[0] == Action.ALLOW and Action.BLOCK in actions, (args, actions)
+    # Arguments that differ in one escaped character are different calls.
+    engine = loopguard.Engine()
+    actions = [
+        engine.call("s", f"c{i}", "deploy", {"command": f"echo \x01{i}\n"}).action for i in range(6)
+    ]
+    assert all(a == Action.ALLOW for a in actions)
+
+
 def test_sessions_are_independent():
     engine = loopguard.Engine()
     loop(engine, "looping", 5)
