@@ -72,8 +72,49 @@ pub fn read_responses_input(input: &Value, mode: Mode) -> Result<Vec<Item>, BadI
 pub fn is_assistant(message: &Value) -> bool {
     match message.get("type").and_then(Value::as_str) {
         None | Some("message") => message.get("role").and_then(Value::as_str) == Some("assistant"),
-        Some(ty) => ASSISTANT_ITEMS.contains(&ty) || SKIPPED_OUTPUT_ITEMS.contains(&ty),
+        Some(ty) => is_model_item(ty),
     }
+}
+
+/// Whether a Responses item type is one the model writes besides its messages: a call,
+/// reasoning, or a call of a built-in tool the server runs.
+pub fn is_model_item(ty: &str) -> bool {
+    ASSISTANT_ITEMS.contains(&ty) || SKIPPED_OUTPUT_ITEMS.contains(&ty)
+}
+
+/// Whether a Responses item type answers a call the host ran (`function_call_output` and its
+/// kin).
+pub fn is_output_item(ty: &str) -> bool {
+    OUTPUT_ITEMS.contains(&ty)
+}
+
+/// A Responses call item (`function_call`, `custom_tool_call`, `local_shell_call`) read as a
+/// call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResponsesCall<'a> {
+    /// `call_id`, or the item's `id` when it has none.
+    pub id: Option<&'a Value>,
+    /// The tool's name; `local_shell` for a shell call.
+    pub name: &'a str,
+    /// The arguments: a function call's `arguments` (text or, leniently, a JSON value), a
+    /// custom tool's `input` text, a shell call's `action`.
+    pub arguments: Option<&'a Value>,
+}
+
+/// Reads a Responses call item; `None` for any other item.
+pub fn responses_call(item: &Map<String, Value>) -> Option<ResponsesCall<'_>> {
+    let name = || item.get("name").and_then(Value::as_str).unwrap_or_default();
+    let (name, arguments) = match item.get("type").and_then(Value::as_str)? {
+        "function_call" => (name(), item.get("arguments")),
+        "custom_tool_call" => (name(), item.get("input").filter(|v| v.is_string())),
+        "local_shell_call" => ("local_shell", item.get("action")),
+        _ => return None,
+    };
+    Some(ResponsesCall {
+        id: item.get("call_id").or_else(|| item.get("id")),
+        name,
+        arguments,
+    })
 }
 
 /// Responses item types the model writes that become calls, text or reasoning.
@@ -107,11 +148,7 @@ const SKIPPED_INPUT_ITEMS: &[&str] = &[
 /// its `type` is one of the Responses item types.
 pub(crate) fn is_responses_item(v: &Value) -> bool {
     v.get("type").and_then(Value::as_str).is_some_and(|t| {
-        t == "message"
-            || OUTPUT_ITEMS.contains(&t)
-            || ASSISTANT_ITEMS.contains(&t)
-            || SKIPPED_OUTPUT_ITEMS.contains(&t)
-            || SKIPPED_INPUT_ITEMS.contains(&t)
+        t == "message" || is_output_item(t) || is_model_item(t) || SKIPPED_INPUT_ITEMS.contains(&t)
     })
 }
 
@@ -152,7 +189,7 @@ fn responses_messages(
         let role = obj.get("role").and_then(Value::as_str);
         let assistant_side = match ty {
             None | Some("message") => role == Some("assistant"),
-            Some(t) => ASSISTANT_ITEMS.contains(&t) || SKIPPED_OUTPUT_ITEMS.contains(&t),
+            Some(t) => is_model_item(t),
         };
         if !assistant_side && let Some(r) = run.take() {
             out.push(r.into_message());
@@ -213,34 +250,21 @@ impl AssistantRun {
     }
 
     fn add(&mut self, obj: &Map<String, Value>, ty: &str) {
-        let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_owned();
-        let id = || {
-            obj.get("call_id")
-                .or_else(|| obj.get("id"))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
         match ty {
             "message" => match obj.get("content") {
                 Some(Value::Array(parts)) => self.content.extend(parts.iter().cloned()),
                 Some(Value::String(s)) => self.content.push(json!({"type": "text", "text": s})),
                 _ => {}
             },
-            "function_call" => self.calls.push(json!({
-                "id": id(),
-                "type": "function",
-                "function": {"name": text(obj.get("name")), "arguments": obj.get("arguments").cloned().unwrap_or(Value::Null)},
-            })),
-            "custom_tool_call" => self.calls.push(json!({
-                "id": id(),
-                "type": "function",
-                "function": {"name": text(obj.get("name")), "arguments": text(obj.get("input"))},
-            })),
-            "local_shell_call" => self.calls.push(json!({
-                "id": id(),
-                "type": "function",
-                "function": {"name": "local_shell", "arguments": obj.get("action").cloned().unwrap_or(Value::Null)},
-            })),
+            "function_call" | "custom_tool_call" | "local_shell_call" => {
+                if let Some(call) = responses_call(obj) {
+                    self.calls.push(json!({
+                        "id": call.id.cloned().unwrap_or(Value::Null),
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments.cloned().unwrap_or(Value::Null)},
+                    }));
+                }
+            }
             "reasoning" => {
                 for part in ["summary", "content"] {
                     if let Some(Value::Array(parts)) = obj.get(part) {
@@ -750,5 +774,51 @@ mod tests {
         assert!(!is_assistant(&json!({"type": "function_call_output"})));
         assert!(!is_assistant(&json!({"role": "user", "content": "x"})));
         assert!(!is_assistant(&json!({"role": "tool", "content": "x"})));
+    }
+
+    #[test]
+    fn each_responses_call_item_is_read_as_a_call() {
+        let read = |v: Value| {
+            let obj = v.as_object().cloned().unwrap_or_default();
+            responses_call(&obj).map(|c| {
+                (
+                    c.id.and_then(Value::as_str).map(str::to_owned),
+                    c.name.to_owned(),
+                    c.arguments.cloned(),
+                )
+            })
+        };
+        assert_eq!(
+            read(
+                json!({"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "ls", "arguments": "{}"})
+            ),
+            Some((Some("c1".into()), "ls".into(), Some(json!("{}"))))
+        );
+        assert_eq!(
+            read(
+                json!({"type": "custom_tool_call", "id": "ct_1", "name": "patch", "input": "*** Begin"})
+            ),
+            Some((
+                Some("ct_1".into()),
+                "patch".into(),
+                Some(json!("*** Begin"))
+            ))
+        );
+        assert_eq!(
+            read(json!({"type": "custom_tool_call", "call_id": "c", "name": "patch", "input": 3})),
+            Some((Some("c".into()), "patch".into(), None))
+        );
+        assert_eq!(
+            read(
+                json!({"type": "local_shell_call", "call_id": "c", "action": {"command": ["ls"]}})
+            ),
+            Some((
+                Some("c".into()),
+                "local_shell".into(),
+                Some(json!({"command": ["ls"]}))
+            ))
+        );
+        assert_eq!(read(json!({"type": "reasoning", "summary": []})), None);
+        assert_eq!(read(json!({"role": "assistant", "content": "x"})), None);
     }
 }

@@ -195,8 +195,8 @@ impl Wire {
                     "user" => Seen::Person,
                     _ => Seen::Other,
                 },
-                Some(t) if responses::OUTPUTS.contains(&t) => Seen::Results,
-                Some(t) if responses::ASSISTANT_SIDE.contains(&t) => Seen::Assistant,
+                Some(t) if loopguard_transcript::messages::is_output_item(t) => Seen::Results,
+                Some(t) if loopguard_transcript::messages::is_model_item(t) => Seen::Assistant,
                 Some(_) => Seen::Other,
             },
         }

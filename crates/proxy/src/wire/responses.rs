@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 
+use loopguard_transcript::messages;
 use serde_json::{Map, Value, json};
 
 use super::{Rewriter, Rewritten, StreamState, Wire, text_of};
@@ -33,60 +34,24 @@ const MAX_TEXT: usize = 16 << 20;
 /// Largest total of buffered call arguments accepted.
 const MAX_BUFFERED: usize = 16 << 20;
 
-/// Output item types that are calls the client runs.
-const CALLS: &[&str] = &["function_call", "custom_tool_call", "local_shell_call"];
-
-/// Input item types that answer a call.
-pub const OUTPUTS: &[&str] = &[
-    "function_call_output",
-    "custom_tool_call_output",
-    "local_shell_call_output",
-];
-
-/// Item types the model writes besides its messages: calls, reasoning, and the built-in tools
-/// the server runs.
-pub const ASSISTANT_SIDE: &[&str] = &[
-    "function_call",
-    "custom_tool_call",
-    "local_shell_call",
-    "reasoning",
-    "web_search_call",
-    "file_search_call",
-    "computer_call",
-    "image_generation_call",
-    "code_interpreter_call",
-    "mcp_call",
-    "mcp_list_tools",
-    "mcp_approval_request",
-];
-
 fn item_type(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or_default()
 }
 
 fn is_call(v: &Value) -> bool {
-    CALLS.contains(&item_type(v))
+    v.as_object().and_then(messages::responses_call).is_some()
 }
 
-/// A call item as a call.
+/// A call item as a call (the conversation reader's reading of it).
 fn call_of(v: &Value) -> CallIn {
-    let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default();
-    let (name, arguments) = match item_type(v) {
-        "custom_tool_call" => (text("name").to_owned(), text("input").to_owned()),
-        "local_shell_call" => (
-            "local_shell".to_owned(),
-            v.get("action").map(Value::to_string).unwrap_or_default(),
-        ),
-        _ => (
-            text("name").to_owned(),
-            super::chat::arguments_text(v.get("arguments")),
-        ),
+    let Some(call) = v.as_object().and_then(messages::responses_call) else {
+        return CallIn::default();
     };
-    let id = v
-        .get("call_id")
-        .and_then(Value::as_str)
-        .or_else(|| v.get("id").and_then(Value::as_str))
-        .unwrap_or_default();
+    let id = call.id.and_then(Value::as_str).unwrap_or_default();
+    let (name, arguments) = (
+        call.name.to_owned(),
+        super::chat::arguments_text(call.arguments),
+    );
     CallIn {
         id: id.to_owned(),
         name,
