@@ -25,6 +25,7 @@ use crate::event::ToolResult;
 use crate::hash::{StreamHasher, hash_bytes};
 
 mod mask;
+mod out;
 #[cfg(test)]
 mod reference;
 mod sketch;
@@ -71,7 +72,7 @@ pub struct Outcome {
 }
 
 thread_local! {
-    static BUF: RefCell<String> = const { RefCell::new(String::new()) };
+    static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 const BUF_KEEP: usize = 1 << 20;
@@ -115,38 +116,52 @@ impl ResultRules {
             Ok(mut buf) => {
                 let o = self.outcome_in(r, &mut buf);
                 if buf.capacity() > BUF_KEEP {
-                    *buf = String::new();
+                    *buf = Vec::new();
                 }
                 o
             }
-            Err(_) => self.outcome_in(r, &mut String::new()),
+            Err(_) => self.outcome_in(r, &mut Vec::new()),
         })
     }
 
-    fn outcome_in(&self, r: &ToolResult<'_>, buf: &mut String) -> Outcome {
-        buf.clear();
-        let out = r.output;
+    fn outcome_in(&self, r: &ToolResult<'_>, buf: &mut Vec<u8>) -> Outcome {
+        let mut out = out::Out::new(buf);
+        let text = r.output;
         let max = self.max_bytes;
-        if out.len() > 2 * max {
+        if text.len() > 2 * max {
             let mut head = max;
-            while !out.is_char_boundary(head) {
+            while !text.is_char_boundary(head) {
                 head -= 1;
             }
-            let mut tail = out.len() - max;
-            while !out.is_char_boundary(tail) {
+            let mut tail = text.len() - max;
+            while !text.is_char_boundary(tail) {
                 tail += 1;
             }
-            mask::mask_into(&self.maskers, &out[..head], buf);
-            buf.push_str("\n<…>\n");
-            mask::mask_into(&self.maskers, &out[tail..], buf);
+            mask::mask_into(&self.maskers, &text[..head], &mut out);
+            out.bytes("\n<…>\n".as_bytes());
+            mask::mask_into(&self.maskers, &text[tail..], &mut out);
         } else {
-            mask::mask_into(&self.maskers, out, buf);
+            mask::mask_into(&self.maskers, text, &mut out);
         }
+        // Whole characters of the output and ASCII replacements: always UTF-8.
+        let masked = std::str::from_utf8(out.written()).unwrap_or_default();
+        // The policy's patterns make a new string only when one replaced something.
+        let mut replaced: Option<String> = None;
         for (re, rep) in &self.patterns {
-            if let std::borrow::Cow::Owned(s) = re.replace_all(buf, rep.as_str()) {
-                *buf = s;
+            let now = replaced.as_deref().unwrap_or(masked);
+            let next = match re.replace_all(now, rep.as_str()) {
+                std::borrow::Cow::Owned(s) => Some(s),
+                std::borrow::Cow::Borrowed(_) => None,
+            };
+            if next.is_some() {
+                replaced = next;
             }
         }
+        self.judge(r, replaced.as_deref().unwrap_or(masked))
+    }
+
+    /// The outcome of a result from its masked text.
+    fn judge(&self, r: &ToolResult<'_>, buf: &str) -> Outcome {
         let masked = buf.trim();
         let error = r.is_error
             || match r.exit_code {
@@ -256,7 +271,8 @@ fn fold_digits(h: &mut StreamHasher, text: &[u8]) {
 /// Masks `s` with the enabled maskers, in one pass (the tests' view of [`mask::mask_into`]).
 #[cfg(test)]
 pub fn mask(m: &Maskers, s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+    let mut buf = Vec::new();
+    let mut out = out::Out::new(&mut buf);
     mask::mask_into(m, s, &mut out);
-    out
+    String::from_utf8(out.written().to_vec()).unwrap_or_default()
 }
