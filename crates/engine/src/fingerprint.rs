@@ -67,8 +67,8 @@ pub struct ShellRules {
     /// commands need (`None`: the first word alone).
     pub(crate) modify_seconds: Vec<Vec<Option<Box<str>>>>,
     pub(crate) complex_operators: Vec<Box<str>>,
-    /// The first bytes of the complex operators (bit `b % 64` of word `b / 64`).
-    pub(crate) operator_starts: [u64; 4],
+    /// Whether a byte is the first byte of a complex operator.
+    pub(crate) operator_starts: Box<[bool; 256]>,
     /// An empty complex operator: every command is complex.
     pub(crate) empty_operator: bool,
 }
@@ -227,10 +227,10 @@ impl FingerprintRules {
                     .collect()
             })
             .collect();
-        let mut operator_starts = [0u64; 4];
+        let mut operator_starts = Box::new([false; 256]);
         for op in &c.shell.complex_operators {
             if let Some(&b) = op.as_bytes().first() {
-                operator_starts[usize::from(b >> 6)] |= 1 << (b & 63);
+                operator_starts[usize::from(b)] = true;
             }
         }
         FingerprintRules {
