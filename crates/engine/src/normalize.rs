@@ -54,6 +54,9 @@ pub struct ResultRules {
     pub(crate) maskers: Maskers,
     pub(crate) patterns: Vec<(Regex, String)>,
     pub(crate) empty: Vec<Regex>,
+    /// `empty` as one set, searched once (`None` when the set could not be built: then each
+    /// pattern is searched).
+    empty_any: Option<regex::RegexSet>,
     pub(crate) errors: Vec<Regex>,
     pub(crate) retryable: Vec<Regex>,
     pub(crate) max_bytes: usize,
@@ -103,6 +106,15 @@ impl ResultRules {
                 .map(|p| (p.regex.clone(), p.replace.clone()))
                 .collect(),
             empty: c.results.empty_patterns.clone(),
+            // Within the limits the policy's regexes were compiled with (each 1 MiB, 4 MiB a
+            // policy); a set over them is left out.
+            empty_any: regex::RegexSetBuilder::new(
+                c.results.empty_patterns.iter().map(Regex::as_str),
+            )
+            .size_limit(4 << 20)
+            .dfa_size_limit(1 << 20)
+            .build()
+            .ok(),
             errors: c.results.error_patterns.clone(),
             retryable: c.results.retryable_patterns.clone(),
             max_bytes: c.results.max_bytes.max(1),
@@ -195,7 +207,10 @@ impl ResultRules {
             digest,
             sketch: sketch(masked),
             error,
-            empty: self.empty.iter().any(|re| re.is_match(buf)),
+            empty: match &self.empty_any {
+                Some(set) => set.is_match(buf),
+                None => self.empty.iter().any(|re| re.is_match(buf)),
+            },
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }

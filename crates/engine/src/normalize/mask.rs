@@ -80,10 +80,13 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
         }
         let hit = if k & WORD != 0 {
             let w = word(b, i);
-            // Maskers start at a word's first byte, never inside a word (where a mask that
-            // ended can leave the scan).
-            let first = k & ALNUM != 0 && (i == 0 || !is_word(b[i - 1]));
-            match if first { word_at(m, b, i, w) } else { None } {
+            // Maskers start at a word's first byte (a word is never entered in the middle:
+            // the rest of a word a mask ended in is passed over below).
+            match if k & ALNUM != 0 {
+                word_at(m, b, i, w)
+            } else {
+                None
+            } {
                 Some(hit) => hit,
                 None => {
                     i = w.end;
@@ -108,6 +111,10 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
             i += 1;
         }
         copied = i;
+        // No masker starts inside a word: the rest of one the mask ended in is passed over.
+        if i > 0 && i < b.len() && is_word(b[i - 1]) {
+            i = word_end(b, i);
+        }
     }
     out.copy(b, copied.min(b.len()), b.len());
 }
