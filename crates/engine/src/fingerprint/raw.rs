@@ -216,6 +216,7 @@ impl<'a> Scanner<'a> {
                 b'n' => (Kind::Null, self.value(f, tool, false, 0)?, None),
                 b'[' if role.command.is_some() => return None,
                 b'[' => (Kind::Array, self.value(f, tool, path_key, 0)?, None),
+                b'-' | b'0'..=b'9' => (Kind::Other, mix(tag::NUMBER, self.number()?), None),
                 _ => (Kind::Other, self.value(f, tool, false, 0)?, None),
             };
             if let Some(pos) = role.command
@@ -411,10 +412,7 @@ impl<'a> Scanner<'a> {
                 }
                 Some(mix(tag::OBJECT, acc))
             }
-            b'-' | b'0'..=b'9' => {
-                let n = self.number()?;
-                Some(mix(tag::NUMBER, number_bits(&n)))
-            }
+            b'-' | b'0'..=b'9' => Some(mix(tag::NUMBER, self.number()?)),
             _ => None,
         }
     }
@@ -428,9 +426,11 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// A number at the cursor, as `serde_json` reads it: a plain non-negative integer
-    /// directly, anything else through `serde_json`'s own number parser.
-    fn number(&mut self) -> Option<Number> {
+    /// The canonical bits ([`number_bits`]) of the number at the cursor, read as `serde_json`
+    /// reads it: a plain non-negative integer directly, anything else through `serde_json`'s
+    /// own number parser.
+    #[inline]
+    fn number(&mut self) -> Option<u64> {
         let b = self.b;
         let start = self.i;
         let mut j = start;
@@ -470,13 +470,15 @@ impl<'a> Scanner<'a> {
         }
         self.i = j;
         if integral && start == int_start && int_len <= 19 {
-            // At most 19 digits never overflow a `u64`.
-            let value = b.get(int_start..j)?.iter().fold(0u64, |v, &d| {
+            // At most 19 digits never overflow a `u64`, whose bits are the number's (as an
+            // `i64` too, when it is one).
+            return Some(b.get(int_start..j)?.iter().fold(0u64, |v, &d| {
                 v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'))
-            });
-            return Some(Number::from(value));
+            }));
         }
-        serde_json::from_str::<Number>(self.s.get(start..j)?).ok()
+        serde_json::from_str::<Number>(self.s.get(start..j)?)
+            .ok()
+            .map(|n| number_bits(&n))
     }
 
     /// A string at the cursor (its opening quote), the cursor left past its closing quote.
