@@ -247,9 +247,7 @@ const FOLD_ENDS_LINES: usize = 6;
 /// The digest of a masked, trimmed result (see [`FOLD_ENDS_LINES`]).
 fn digest_folding_ends(masked: &str) -> u64 {
     let bytes = masked.as_bytes();
-    let newlines = bytes
-        .iter()
-        .filter(|&&b| b == b'\n')
+    let newlines = memchr::memchr_iter(b'\n', bytes)
         .take(FOLD_ENDS_LINES - 1)
         .count();
     if newlines + 1 < FOLD_ENDS_LINES {
