@@ -107,7 +107,7 @@ struct Role {
 }
 
 impl Role {
-    /// The role of a key no role was decided for.
+    /// The role of a key outside the tool's table of roles.
     #[inline]
     fn other(k: &str) -> Role {
         Role {
