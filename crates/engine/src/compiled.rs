@@ -1,14 +1,16 @@
 //! A [`Config`] compiled once: fingerprint and result rules, and a table of tools that records,
 //! once per tool name, its category, key lists and whether it is a shell or a known tool.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use loopguard_rules::{Config, Detector, Detectors, Ladder};
 
 use crate::fingerprint::{FingerprintRules, ToolKeys};
-use crate::hash::MapHasher;
+use crate::hash::{MapHasher, hash_str};
 use crate::normalize::ResultRules;
 use crate::plugins::Plugins;
 
@@ -64,6 +66,58 @@ impl ToolIds {
     }
 }
 
+/// Tool decisions each thread found last, each with the number of the [`ToolTable`] it came
+/// from and its key (the hash of its name, or its id): most events name one of a few tools,
+/// which are then found without the table's lock and map.
+struct Recent {
+    slots: [Option<(u64, u64, Arc<ToolInfo>)>; RECENT_SLOTS],
+    /// The slot the next new decision takes.
+    next: usize,
+}
+
+const RECENT_SLOTS: usize = 8;
+
+impl Recent {
+    const fn new() -> Recent {
+        Recent {
+            slots: [const { None }; RECENT_SLOTS],
+            next: 0,
+        }
+    }
+
+    /// The decision kept for `table` under `key` that `same` accepts.
+    #[inline]
+    fn find(
+        &self,
+        table: u64,
+        key: u64,
+        same: impl Fn(&ToolInfo) -> bool,
+    ) -> Option<Arc<ToolInfo>> {
+        self.slots.iter().flatten().find_map(|(t, k, info)| {
+            (*t == table && *k == key && same(info)).then(|| Arc::clone(info))
+        })
+    }
+
+    fn keep(&mut self, table: u64, key: u64, info: &Arc<ToolInfo>) {
+        if let Some(slot) = self.slots.get_mut(self.next % RECENT_SLOTS) {
+            *slot = Some((table, key, Arc::clone(info)));
+        }
+        self.next = self.next.wrapping_add(1);
+    }
+}
+
+thread_local! {
+    static RECENT_BY_NAME: RefCell<Recent> = const { RefCell::new(Recent::new()) };
+    static RECENT_BY_ID: RefCell<Recent> = const { RefCell::new(Recent::new()) };
+}
+
+/// Numbers tool tables for the per-thread caches (a number is never reused).
+static TABLES: AtomicU64 = AtomicU64::new(1);
+
+fn table_number() -> u64 {
+    TABLES.fetch_add(1, Ordering::Relaxed)
+}
+
 /// The decisions of one configuration about the tools it has seen, by name and by id.
 #[derive(Debug, Default)]
 struct ToolTable {
@@ -81,6 +135,8 @@ pub struct CompiledRules {
     pub(crate) fingerprint: Arc<FingerprintRules>,
     pub(crate) results: Arc<ResultRules>,
     tools: Arc<RwLock<ToolTable>>,
+    /// The number of `tools` in the per-thread caches.
+    table: u64,
     ids: Arc<RwLock<ToolIds>>,
     /// Detector plugins (none without the `plugins` feature).
     pub(crate) plugins: Arc<Plugins>,
@@ -94,6 +150,7 @@ impl CompiledRules {
             results: Arc::new(ResultRules::from_config(&config)),
             config,
             tools: Arc::default(),
+            table: table_number(),
             ids: Arc::default(),
             plugins: Arc::default(),
         }
@@ -111,6 +168,7 @@ impl CompiledRules {
             fingerprint: Arc::clone(&self.fingerprint),
             results: Arc::clone(&self.results),
             tools: Arc::clone(&self.tools),
+            table: self.table,
             ids: Arc::clone(&self.ids),
             plugins: Arc::clone(&self.plugins),
         }
@@ -125,6 +183,7 @@ impl CompiledRules {
             results: Arc::new(ResultRules::from_config(&config)),
             config,
             tools: Arc::default(),
+            table: table_number(),
             ids: Arc::clone(&self.ids),
             plugins: Arc::clone(&self.plugins),
         }
@@ -161,6 +220,28 @@ impl CompiledRules {
 
     /// The decision about a tool name, made on its first use.
     pub fn tool(&self, name: &str) -> Arc<ToolInfo> {
+        let key = hash_str(name);
+        let found = RECENT_BY_NAME.with(|cell| {
+            cell.try_borrow()
+                .ok()?
+                .find(self.table, key, |info| *info.name == *name)
+        });
+        if let Some(info) = found {
+            return info;
+        }
+        let info = self.tool_in_table(name);
+        if info.id != u16::MAX {
+            RECENT_BY_NAME.with(|cell| {
+                if let Ok(mut recent) = cell.try_borrow_mut() {
+                    recent.keep(self.table, key, &info);
+                }
+            });
+        }
+        info
+    }
+
+    /// [`CompiledRules::tool`] from the table.
+    fn tool_in_table(&self, name: &str) -> Arc<ToolInfo> {
         {
             let table = self.tools.read().unwrap_or_else(|e| e.into_inner());
             if let Some(info) = table.by_name.get(name) {
@@ -189,6 +270,25 @@ impl CompiledRules {
     /// A tool by the id it was given (in this configuration, or in another of the same
     /// engine's, whose decision is then made here under this configuration).
     pub fn tool_by_id(&self, id: u16) -> Option<Arc<ToolInfo>> {
+        let key = u64::from(id);
+        let found =
+            RECENT_BY_ID.with(|cell| cell.try_borrow().ok()?.find(self.table, key, |_| true));
+        if let Some(info) = found {
+            return Some(info);
+        }
+        let info = self.tool_by_id_in_table(id)?;
+        if info.id == id {
+            RECENT_BY_ID.with(|cell| {
+                if let Ok(mut recent) = cell.try_borrow_mut() {
+                    recent.keep(self.table, key, &info);
+                }
+            });
+        }
+        Some(info)
+    }
+
+    /// [`CompiledRules::tool_by_id`] from the table.
+    fn tool_by_id_in_table(&self, id: u16) -> Option<Arc<ToolInfo>> {
         {
             let table = self.tools.read().unwrap_or_else(|e| e.into_inner());
             if let Some(Some(info)) = table.by_id.get(usize::from(id)) {

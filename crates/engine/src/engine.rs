@@ -25,9 +25,11 @@
 //! and a fingerprint repeated `group.threshold` times by at least `group.min_workers` workers is
 //! a `group_loop` that climbs the policy's `group.ladder` for every worker that continues it.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use loopguard_rules::{Config, Settings};
 use loopguard_store::{GroupStore, MemoryStore, StoreStatus};
@@ -41,8 +43,41 @@ use crate::verdict::Verdict;
 
 const SHARDS: usize = 16;
 
-/// A session behind its own lock.
-type Handle = Arc<Mutex<Session>>;
+/// A session behind its own lock, with its id.
+#[derive(Debug)]
+struct Entry {
+    id: Box<str>,
+    /// Set when the engine lets go of the session (removed, evicted, replaced by a restored
+    /// one): the per-thread caches must not hand it out again.
+    gone: AtomicBool,
+    session: Mutex<Session>,
+}
+
+type Handle = Arc<Entry>;
+
+fn entry(id: &str, session: Session) -> Handle {
+    Arc::new(Entry {
+        id: id.into(),
+        gone: AtomicBool::new(false),
+        session: Mutex::new(session),
+    })
+}
+
+/// Marks a session the engine let go of.
+fn gone(handle: Option<Handle>) {
+    if let Some(h) = handle {
+        h.gone.store(true, Ordering::Release);
+    }
+}
+
+thread_local! {
+    /// The session this thread observed last, and the number of its engine: a host's thread
+    /// mostly serves one session at a time, whose events then skip the shard's lock and map.
+    static LAST_SESSION: RefCell<Option<(u64, Weak<Entry>)>> = const { RefCell::new(None) };
+}
+
+/// Numbers engines for [`LAST_SESSION`] (a number is never reused).
+static ENGINES: AtomicU64 = AtomicU64::new(1);
 
 type Shard = HashMap<Box<str>, Handle, BuildHasherDefault<MapHasher>>;
 
@@ -100,6 +135,8 @@ pub struct Engine {
     /// The engine's store when it is in memory: its state goes into [`Engine::snapshot`].
     memory: Option<Arc<MemoryStore>>,
     shards: Box<[Mutex<Shard>]>,
+    /// This engine's number in [`LAST_SESSION`].
+    number: u64,
 }
 
 impl Engine {
@@ -120,6 +157,7 @@ impl Engine {
             store: Arc::clone(&memory) as Arc<dyn GroupStore>,
             memory: Some(memory),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            number: ENGINES.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -176,17 +214,41 @@ impl Engine {
         match shard.get(id) {
             Some(s) => Arc::clone(s),
             None => {
-                let s = Arc::new(Mutex::new(Session::new(Arc::clone(&self.rules))));
+                let s = entry(id, Session::new(Arc::clone(&self.rules)));
                 shard.insert(id.into(), Arc::clone(&s));
                 s
             }
         }
     }
 
+    /// The session `id`, started if it did not exist, through the thread's last session when
+    /// that is the one.
+    #[inline]
+    fn session(&self, id: &str) -> Handle {
+        let last = LAST_SESSION.with(|cell| {
+            let last = cell.try_borrow().ok()?;
+            let (engine, weak) = last.as_ref()?;
+            if *engine != self.number {
+                return None;
+            }
+            let h = weak.upgrade()?;
+            (*h.id == *id && !h.gone.load(Ordering::Acquire)).then_some(h)
+        });
+        if let Some(h) = last {
+            return h;
+        }
+        let h = self.get_or_start(id);
+        LAST_SESSION.with(|cell| {
+            if let Ok(mut last) = cell.try_borrow_mut() {
+                *last = Some((self.number, Arc::downgrade(&h)));
+            }
+        });
+        h
+    }
+
     /// Puts `session` in place of the session `id`.
     fn put(&self, id: &str, session: Session) {
-        self.shard(id)
-            .insert(id.into(), Arc::new(Mutex::new(session)));
+        gone(self.shard(id).insert(id.into(), entry(id, session)));
     }
 
     /// The store of group counters.
@@ -250,10 +312,10 @@ impl Engine {
                 None => return Verdict::allow(),
             }
         } else {
-            self.get_or_start(id)
+            self.session(id)
         };
         // The shard's lock is released: only this session waits while its event is observed.
-        lock(&session).observe(event)
+        lock(&session.session).observe(event)
     }
 
     /// Sets a session's own settings tier, replacing the one it had (the session starts if it
@@ -268,7 +330,7 @@ impl Engine {
     pub fn set_session_settings(&self, session: &str, settings: Settings) {
         let settings = self.sanitize(settings);
         let handle = self.get_or_start(session);
-        let mut s = lock(&handle);
+        let mut s = lock(&handle.session);
         let overrides = s.target().map(|(_, o)| o.clone());
         let rules = self.rules_for(overrides.as_deref(), &settings);
         s.set_rules(rules, settings);
@@ -295,7 +357,7 @@ impl Engine {
             .policy
             .matching_overrides(target.backend.as_deref(), target.model.as_deref());
         let handle = self.get_or_start(session);
-        let mut s = lock(&handle);
+        let mut s = lock(&handle.session);
         let current = s.target().map_or(&r.overrides, |(_, o)| o);
         if *current == overrides {
             if s.target().is_some_and(|(t, _)| *t != target) {
@@ -401,13 +463,13 @@ impl Engine {
     /// not exist. `worker` names the worker across hosts (two sessions with the same worker name
     /// count as one worker); joining another group leaves the first.
     pub fn join_group(&self, session: &str, group: &str, worker: &str) {
-        lock(&self.get_or_start(session)).join(group, worker, Arc::clone(&self.store));
+        lock(&self.get_or_start(session).session).join(group, worker, Arc::clone(&self.store));
     }
 
     /// Takes a session out of its group (its calls are no longer counted for the swarm).
     pub fn leave_group(&self, session: &str) {
         if let Some(s) = self.get(session) {
-            lock(&s).leave();
+            lock(&s.session).leave();
         }
     }
 
@@ -416,7 +478,7 @@ impl Engine {
     pub fn clear_group(&self, group: &str) {
         self.store.clear_group(group);
         for (_, s) in self.sessions() {
-            lock(&s).group_cleared(group);
+            lock(&s.session).group_cleared(group);
         }
     }
 
@@ -477,7 +539,7 @@ impl Engine {
     pub fn snapshot(&self) -> serde_json::Value {
         let mut sessions = std::collections::BTreeMap::new();
         for (id, s) in self.sessions() {
-            sessions.insert(id.to_string(), lock(&s).to_snapshot());
+            sessions.insert(id.to_string(), lock(&s.session).to_snapshot());
         }
         let groups = self
             .memory
@@ -552,7 +614,7 @@ impl Engine {
 
     /// Runs `f` on a session's state, if the session exists.
     pub fn with_session<T>(&self, id: &str, f: impl FnOnce(&Session) -> T) -> Option<T> {
-        self.get(id).map(|s| f(&lock(&s)))
+        self.get(id).map(|s| f(&lock(&s.session)))
     }
 
     /// How many sessions the engine holds.
@@ -566,7 +628,9 @@ impl Engine {
     /// Forgets a session (its window, text state, settings and plugin state); returns whether
     /// it existed. Hosts that bound their session tables call this for the sessions they drop.
     pub fn remove_session(&self, id: &str, now_ms: u64) -> bool {
-        let removed = self.shard(id).remove(id).is_some();
+        let handle = self.shard(id).remove(id);
+        let removed = handle.is_some();
+        gone(handle);
         if removed {
             let _ = self.rules.plugins.reset(id, now_ms);
         }
@@ -588,7 +652,7 @@ impl Engine {
             map.retain(|id, s| {
                 // A session busy with an event is not idle (and waiting for it would hold up
                 // the shard).
-                let keep = match s.try_lock() {
+                let keep = match s.session.try_lock() {
                     Ok(s) => now_ms.saturating_sub(s.last_event_ms()) < idle,
                     Err(std::sync::TryLockError::Poisoned(p)) => {
                         now_ms.saturating_sub(p.into_inner().last_event_ms()) < idle
@@ -596,6 +660,7 @@ impl Engine {
                     Err(std::sync::TryLockError::WouldBlock) => true,
                 };
                 if !keep {
+                    s.gone.store(true, Ordering::Release);
                     evicted.push(id.clone());
                 }
                 keep
@@ -607,5 +672,83 @@ impl Engine {
             let _ = self.rules.plugins.reset(id, now_ms);
         }
         evicted.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code
+
+    use super::*;
+    use crate::{Arguments, Call};
+
+    fn engine() -> Engine {
+        let policy = loopguard_rules::Policy::builtin_default().policy.unwrap();
+        Engine::new(policy.resolve(None, None))
+    }
+
+    fn call(engine: &Engine, session: &str) {
+        let args = serde_json::json!({"path": "a.rs"});
+        engine.observe(&Event::Call(Call {
+            session,
+            call_id: "c",
+            tool: "read_file",
+            arguments: Arguments::Json(&args),
+            time_ms: 1,
+        }));
+    }
+
+    fn seen(engine: &Engine, session: &str) -> Option<u64> {
+        engine.with_session(session, Session::calls_seen)
+    }
+
+    /// A session removed after this thread observed it last starts anew: the thread's cached
+    /// handle is not used again.
+    #[test]
+    fn removed_session_is_not_found_through_the_threads_last_session() {
+        let e = engine();
+        call(&e, "s");
+        call(&e, "s");
+        assert_eq!(seen(&e, "s"), Some(2));
+        assert!(e.remove_session("s", 2));
+        call(&e, "s");
+        assert_eq!(seen(&e, "s"), Some(1));
+    }
+
+    /// A session replaced by a restored one is observed in its restored form.
+    #[test]
+    fn restored_session_replaces_the_threads_last_session() {
+        let e = engine();
+        call(&e, "s");
+        let snap = e.snapshot_session("s").unwrap();
+        call(&e, "s");
+        call(&e, "s");
+        e.restore_session("s", &snap).unwrap();
+        call(&e, "s");
+        assert_eq!(seen(&e, "s"), Some(2));
+    }
+
+    /// Two engines and two sessions on one thread never see each other's sessions.
+    #[test]
+    fn threads_last_session_belongs_to_one_engine_and_id() {
+        let (a, b) = (engine(), engine());
+        call(&a, "s");
+        call(&b, "s");
+        call(&b, "t");
+        call(&b, "s");
+        assert_eq!(seen(&a, "s"), Some(1));
+        assert_eq!(seen(&b, "s"), Some(2));
+        assert_eq!(seen(&b, "t"), Some(1));
+    }
+
+    /// An idle session evicted after this thread observed it last starts anew.
+    #[test]
+    fn evicted_session_is_not_found_through_the_threads_last_session() {
+        let e = engine();
+        call(&e, "s");
+        let idle = e.rules().config().time.session_idle_seconds;
+        assert_eq!(e.evict_idle(1 + idle.saturating_mul(1000) + 1), 1);
+        call(&e, "s");
+        assert_eq!(seen(&e, "s"), Some(1));
     }
 }

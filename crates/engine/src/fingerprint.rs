@@ -67,8 +67,8 @@ pub struct ShellRules {
     /// commands need (`None`: the first word alone).
     pub(crate) modify_seconds: Vec<Vec<Option<Box<str>>>>,
     pub(crate) complex_operators: Vec<Box<str>>,
-    /// The first bytes of the complex operators (bit `b % 64` of word `b / 64`).
-    pub(crate) operator_starts: [u64; 4],
+    /// Whether a byte is the first byte of a complex operator.
+    pub(crate) operator_starts: Box<[bool; 256]>,
     /// An empty complex operator: every command is complex.
     pub(crate) empty_operator: bool,
 }
@@ -100,17 +100,36 @@ struct Role {
     volatile: bool,
     /// Its position among the shell's command keys (shell tools only).
     command: Option<usize>,
+    /// It holds a path ([`is_path_key`]).
+    path: bool,
+    /// A string value under it may ask an editing tool only to look ([`looks_read_only`]).
+    read_only: bool,
+}
+
+impl Role {
+    /// The role of a key outside the tool's table of roles.
+    #[inline]
+    fn other(k: &str) -> Role {
+        Role {
+            path: is_path_key(k),
+            read_only: is_read_only_key(k),
+            ..Role::default()
+        }
+    }
 }
 
 impl ToolKeys {
     /// The role of an argument key (hashed with `key_hash`).
-    #[inline]
+    #[inline(always)]
     fn role(&self, h: u64, k: &str) -> Role {
-        self.roles
+        match self
+            .roles
             .position_hashed(h, k)
             .and_then(|i| self.role.get(i))
-            .copied()
-            .unwrap_or_default()
+        {
+            Some(r) => *r,
+            None => Role::other(k),
+        }
     }
 }
 
@@ -135,10 +154,16 @@ pub struct CallKeys {
     pub read_only: bool,
 }
 
-/// Whether a top-level argument asks an editing tool only to look (`command: view`,
-/// `action: read`, …).
-fn looks_read_only_member(k: &str, v: &str) -> bool {
+/// A top-level argument asks an editing tool only to look (`command: view`, `action: read`,
+/// …) when its key is one of these and its value [`looks_read_only`].
+fn is_read_only_key(k: &str) -> bool {
     matches!(k, "command" | "action" | "mode" | "operation")
+}
+
+/// The values of a [read-only key](is_read_only_key) that ask only to look.
+fn looks_read_only(v: &str) -> bool {
+    // Every word below has 3 to 4 letters.
+    matches!(v.len(), 3 | 4)
         && ["view", "read", "list", "show", "get", "cat", "open"]
             .iter()
             .any(|w| v.eq_ignore_ascii_case(w))
@@ -202,10 +227,10 @@ impl FingerprintRules {
                     .collect()
             })
             .collect();
-        let mut operator_starts = [0u64; 4];
+        let mut operator_starts = Box::new([false; 256]);
         for op in &c.shell.complex_operators {
             if let Some(&b) = op.as_bytes().first() {
-                operator_starts[usize::from(b >> 6)] |= 1 << (b & 63);
+                operator_starts[usize::from(b)] = true;
             }
         }
         FingerprintRules {
@@ -272,6 +297,7 @@ impl FingerprintRules {
                 primary: primary.contains(k),
                 volatile: volatile.contains(k),
                 command: command_keys.iter().position(|c| &**c == k),
+                ..Role::other(k)
             })
             .collect();
         ToolKeys {
@@ -343,12 +369,13 @@ impl FingerprintRules {
         let mut read_only = false;
         for (k, x) in map {
             let kh = key_hash(k);
-            if let Value::String(s) = x
-                && looks_read_only_member(k, s)
+            let role = tool.role(kh, k);
+            if role.read_only
+                && let Value::String(s) = x
+                && looks_read_only(s)
             {
                 read_only = true;
             }
-            let role = tool.role(kh, k);
             let is_command = match role.command {
                 Some(pos) if command.is_none_or(|c| pos < c.pos) => {
                     command = Some(CommandMember {
@@ -373,7 +400,7 @@ impl FingerprintRules {
             }
             let value = match x {
                 Value::String(s) => {
-                    let path_key = is_path_key(k);
+                    let path_key = role.path;
                     let text = self.text_hash(s, path_key);
                     if is_command
                         && !path_key
@@ -383,7 +410,7 @@ impl FingerprintRules {
                     }
                     mix(tag::STRING, text)
                 }
-                Value::Array(_) => self.value_hash(x, is_path_key(k), tool),
+                Value::Array(_) => self.value_hash(x, role.path, tool),
                 _ => self.value_hash(x, false, tool),
             };
             let member = mix(kh, value);
@@ -449,10 +476,11 @@ impl FingerprintRules {
                 let mut acc = if self.sort_keys { 0 } else { ORDERED };
                 for (k, x) in map {
                     let kh = key_hash(k);
-                    if tool.role(kh, k).volatile {
+                    let role = tool.role(kh, k);
+                    if role.volatile {
                         continue;
                     }
-                    let member = mix(kh, self.value_hash(x, is_path_key(k), tool));
+                    let member = mix(kh, self.value_hash(x, role.path, tool));
                     acc = if self.sort_keys {
                         acc.wrapping_add(member)
                     } else {

@@ -25,6 +25,7 @@ use crate::event::ToolResult;
 use crate::hash::{StreamHasher, hash_bytes};
 
 mod mask;
+mod out;
 #[cfg(test)]
 mod reference;
 mod sketch;
@@ -53,6 +54,9 @@ pub struct ResultRules {
     pub(crate) maskers: Maskers,
     pub(crate) patterns: Vec<(Regex, String)>,
     pub(crate) empty: Vec<Regex>,
+    /// `empty` as one set, searched once (`None` when the set could not be built: then each
+    /// pattern is searched).
+    empty_any: Option<regex::RegexSet>,
     pub(crate) errors: Vec<Regex>,
     pub(crate) retryable: Vec<Regex>,
     pub(crate) max_bytes: usize,
@@ -71,7 +75,7 @@ pub struct Outcome {
 }
 
 thread_local! {
-    static BUF: RefCell<String> = const { RefCell::new(String::new()) };
+    static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 const BUF_KEEP: usize = 1 << 20;
@@ -102,6 +106,15 @@ impl ResultRules {
                 .map(|p| (p.regex.clone(), p.replace.clone()))
                 .collect(),
             empty: c.results.empty_patterns.clone(),
+            // Within the limits the policy's regexes were compiled with (each 1 MiB, 4 MiB a
+            // policy); a set over them is left out.
+            empty_any: regex::RegexSetBuilder::new(
+                c.results.empty_patterns.iter().map(Regex::as_str),
+            )
+            .size_limit(4 << 20)
+            .dfa_size_limit(1 << 20)
+            .build()
+            .ok(),
             errors: c.results.error_patterns.clone(),
             retryable: c.results.retryable_patterns.clone(),
             max_bytes: c.results.max_bytes.max(1),
@@ -115,38 +128,52 @@ impl ResultRules {
             Ok(mut buf) => {
                 let o = self.outcome_in(r, &mut buf);
                 if buf.capacity() > BUF_KEEP {
-                    *buf = String::new();
+                    *buf = Vec::new();
                 }
                 o
             }
-            Err(_) => self.outcome_in(r, &mut String::new()),
+            Err(_) => self.outcome_in(r, &mut Vec::new()),
         })
     }
 
-    fn outcome_in(&self, r: &ToolResult<'_>, buf: &mut String) -> Outcome {
-        buf.clear();
-        let out = r.output;
+    fn outcome_in(&self, r: &ToolResult<'_>, buf: &mut Vec<u8>) -> Outcome {
+        let mut out = out::Out::new(buf);
+        let text = r.output;
         let max = self.max_bytes;
-        if out.len() > 2 * max {
+        if text.len() > 2 * max {
             let mut head = max;
-            while !out.is_char_boundary(head) {
+            while !text.is_char_boundary(head) {
                 head -= 1;
             }
-            let mut tail = out.len() - max;
-            while !out.is_char_boundary(tail) {
+            let mut tail = text.len() - max;
+            while !text.is_char_boundary(tail) {
                 tail += 1;
             }
-            mask::mask_into(&self.maskers, &out[..head], buf);
-            buf.push_str("\n<…>\n");
-            mask::mask_into(&self.maskers, &out[tail..], buf);
+            mask::mask_into(&self.maskers, &text[..head], &mut out);
+            out.bytes("\n<…>\n".as_bytes());
+            mask::mask_into(&self.maskers, &text[tail..], &mut out);
         } else {
-            mask::mask_into(&self.maskers, out, buf);
+            mask::mask_into(&self.maskers, text, &mut out);
         }
+        // Whole characters of the output and ASCII replacements: always UTF-8.
+        let masked = std::str::from_utf8(out.written()).unwrap_or_default();
+        // The policy's patterns make a new string only when one replaced something.
+        let mut replaced: Option<String> = None;
         for (re, rep) in &self.patterns {
-            if let std::borrow::Cow::Owned(s) = re.replace_all(buf, rep.as_str()) {
-                *buf = s;
+            let now = replaced.as_deref().unwrap_or(masked);
+            let next = match re.replace_all(now, rep.as_str()) {
+                std::borrow::Cow::Owned(s) => Some(s),
+                std::borrow::Cow::Borrowed(_) => None,
+            };
+            if next.is_some() {
+                replaced = next;
             }
         }
+        self.judge(r, replaced.as_deref().unwrap_or(masked))
+    }
+
+    /// The outcome of a result from its masked text.
+    fn judge(&self, r: &ToolResult<'_>, buf: &str) -> Outcome {
         let masked = buf.trim();
         let error = r.is_error
             || match r.exit_code {
@@ -180,7 +207,10 @@ impl ResultRules {
             digest,
             sketch: sketch(masked),
             error,
-            empty: self.empty.iter().any(|re| re.is_match(buf)),
+            empty: match &self.empty_any {
+                Some(set) => set.is_match(buf),
+                None => self.empty.iter().any(|re| re.is_match(buf)),
+            },
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
@@ -217,9 +247,7 @@ const FOLD_ENDS_LINES: usize = 6;
 /// The digest of a masked, trimmed result (see [`FOLD_ENDS_LINES`]).
 fn digest_folding_ends(masked: &str) -> u64 {
     let bytes = masked.as_bytes();
-    let newlines = bytes
-        .iter()
-        .filter(|&&b| b == b'\n')
+    let newlines = memchr::memchr_iter(b'\n', bytes)
         .take(FOLD_ENDS_LINES - 1)
         .count();
     if newlines + 1 < FOLD_ENDS_LINES {
@@ -256,7 +284,8 @@ fn fold_digits(h: &mut StreamHasher, text: &[u8]) {
 /// Masks `s` with the enabled maskers, in one pass (the tests' view of [`mask::mask_into`]).
 #[cfg(test)]
 pub fn mask(m: &Maskers, s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+    let mut buf = Vec::new();
+    let mut out = out::Out::new(&mut buf);
     mask::mask_into(m, s, &mut out);
-    out
+    String::from_utf8(out.written().to_vec()).unwrap_or_default()
 }

@@ -301,11 +301,13 @@ pub fn detect(
     allowance: u32,
     unknown: bool,
 ) -> [Option<Detection>; 5] {
-    let found = scan(w, d, allowance, unknown);
+    let (found, repeated) = scan_window(w, d, allowance, unknown);
     [
         found.exact,
         found.fuzzy.filter(|_| found.exact.is_none()),
-        cycle(w, &d.cycle, allowance),
+        // A cycle's first step is the current call one period back: none without another
+        // live call with the current call's exact key.
+        repeated.then(|| cycle(w, &d.cycle, allowance)).flatten(),
         found.interleaved,
         found.unknown,
     ]
@@ -416,9 +418,15 @@ impl Interleave {
 /// exact_repeat, fuzzy_repeat, interleaved and unknown_tool in one pass over the window,
 /// newest first, stopping once none of them can change its answer. `unknown`: the tool is not
 /// among the known tools, or a result said it does not exist.
+#[cfg(test)]
 pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Scan {
+    scan_window(w, d, allowance, unknown).0
+}
+
+/// [`scan`], and whether another live call has the current call's exact key.
+fn scan_window(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> (Scan, bool) {
     let Some(cur) = w.get(0) else {
-        return Scan::default();
+        return (Scan::default(), false);
     };
     let (pe, pf, pi, pu) = (
         &d.exact_repeat,
@@ -460,6 +468,10 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
     };
     // The current call shares its own keys.
     let alone = newer.iter().filter(shares).count() + older.iter().filter(shares).count() <= 1;
+    let repeated = !alone
+        && newer.iter().filter(|r| r.exact == cur.exact).count()
+            + older.iter().filter(|r| r.exact == cur.exact).count()
+            > 1;
 
     for k in (1..w.len()).take_while(|_| !alone) {
         if !(exact.on || fuzzy.on || inter.on || count_tool) {
@@ -519,7 +531,7 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
             start_seq: w.seq(start),
             ..Detection::new(det, key, count, threshold)
         };
-    Scan {
+    let found = Scan {
         exact: (exact_on
             && exact.count >= needed(pe.threshold, allowance, exact.count, exact.start + 1))
         .then(|| {
@@ -571,7 +583,8 @@ pub fn scan(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> Sca
                 tool_start,
             )
         }),
-    }
+    };
+    (found, repeated)
 }
 
 #[cfg(test)]
@@ -659,6 +672,13 @@ mod tests {
                 unknown: unknown_tool(&w, &d.unknown_tool, unknown),
             };
             prop_assert_eq!(scan(&w, &d, allowance, unknown), one_by_one);
+            // `detect` leaves out the cycle detector only when it could not fire.
+            let mut d = d;
+            d.cycle.min_period = 2;
+            d.cycle.max_period = 4;
+            d.cycle.repetitions = 2;
+            let [.., found, _, _] = detect(&w, &d, allowance, unknown);
+            prop_assert_eq!(found, cycle(&w, &d.cycle, allowance));
         }
     }
 }

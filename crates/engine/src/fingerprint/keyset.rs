@@ -83,9 +83,23 @@ impl KeySet {
         !self.keys.is_empty() && self.position_hashed(key_hash(k), k).is_some()
     }
 
+    /// The position of a key given as bytes (a word of a command) among the set's keys.
+    pub(super) fn position_of_bytes(&self, k: &[u8]) -> Option<usize> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        self.position_hashed_bytes(hash_bytes(tag::KEY, k), k)
+    }
+
     /// The position of a key (hashed with `key_hash`) among the set's keys.
     #[inline(always)]
     pub(super) fn position_hashed(&self, h: u64, k: &str) -> Option<usize> {
+        self.position_hashed_bytes(h, k.as_bytes())
+    }
+
+    /// [`KeySet::position_hashed`] of a key given as bytes.
+    #[inline(always)]
+    fn position_hashed_bytes(&self, h: u64, k: &[u8]) -> Option<usize> {
         let size = self.slots.len();
         let mut j = slot_of(h, size);
         // The table is at most a quarter full: an empty slot ends every probe sequence.
@@ -94,8 +108,8 @@ impl KeySet {
             if let Some(e) = self.entries.get(i)
                 && e.hash == h
                 && match e.bytes.get(..usize::from(e.len)) {
-                    Some(short) => same_key(short, k.as_bytes()),
-                    None => self.keys.get(i).is_some_and(|x| **x == *k),
+                    Some(short) => same_key(short, k),
+                    None => self.keys.get(i).is_some_and(|x| x.as_bytes() == k),
                 }
             {
                 return Some(i);

@@ -16,10 +16,10 @@ use regex::Regex;
 use serde_json::Number;
 
 use super::{
-    CallKeys, FingerprintRules, HI, LO, PATH_KEYS, ToolKeys, combine, eq_bytes, is_path_key,
-    key_hash, looks_read_only_member, number_bits,
+    CallKeys, FingerprintRules, HI, LO, PATH_KEYS, Role, ToolKeys, combine, eq_bytes, key_hash,
+    looks_read_only, number_bits,
 };
-use crate::hash::{mix, tag};
+use crate::hash::{hash_bytes, mix, tag};
 
 /// Objects with more members than this are left to the parser (the duplicate-key check keeps
 /// the member hashes of one object on the stack).
@@ -29,9 +29,22 @@ const MAX_DEPTH: u32 = 64;
 /// Decoded-string buffers larger than this are not kept.
 const DECODED_KEEP: usize = 1 << 16;
 
-thread_local! {
+/// A scan's buffers, kept by each thread.
+struct Buffers {
     /// Where strings with escapes are decoded before hashing.
-    static DECODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    decoded: Vec<u8>,
+    /// The key hashes of the objects being scanned (each object's after its parents'), to
+    /// leave duplicate keys to the parser.
+    seen: Vec<u64>,
+}
+
+thread_local! {
+    static BUFFERS: RefCell<Buffers> = const {
+        RefCell::new(Buffers {
+            decoded: Vec::new(),
+            seen: Vec::new(),
+        })
+    };
 }
 
 /// Where a string's contents are: in the text itself (no escapes) or decoded into the buffer.
@@ -51,11 +64,25 @@ enum Kind {
     Other,
 }
 
-/// The keys an object has had so far (their hashes), to leave duplicates to the parser.
+/// An object being scanned: where its key hashes start in [`Scanner::seen`].
 struct Members {
-    seen: [u64; MAX_MEMBERS],
-    n: usize,
+    from: usize,
 }
+
+/// What the scan of a string found besides where it is: whether its text is already in
+/// canonical form as text and as a path (what [`super::plain`] says of it); both false when
+/// the scan could not tell (a string with escapes).
+#[derive(Clone, Copy, Debug)]
+struct Plain {
+    text: bool,
+    path: bool,
+}
+
+/// A string the scan could not tell about.
+const UNKNOWN: Plain = Plain {
+    text: false,
+    path: false,
+};
 
 struct Scanner<'a> {
     s: &'a str,
@@ -64,6 +91,8 @@ struct Scanner<'a> {
     /// Decoded strings of this call; a string decoded for a member that is kept (the command,
     /// a path) stays until the call's keys are made.
     dec: &'a mut Vec<u8>,
+    /// Key hashes of the objects being scanned.
+    seen: &'a mut Vec<u64>,
 }
 
 impl FingerprintRules {
@@ -78,21 +107,40 @@ impl FingerprintRules {
         if !self.sort_keys {
             return None;
         }
-        DECODED.with(|cell| {
-            let mut buf = cell.try_borrow_mut().ok()?;
-            buf.clear();
+        BUFFERS.with(|cell| {
+            let mut bufs = cell.try_borrow_mut().ok()?;
+            let Buffers { decoded, seen } = &mut *bufs;
+            decoded.clear();
+            seen.clear();
             let out = Scanner {
                 s,
                 b: s.as_bytes(),
                 i: 0,
-                dec: &mut buf,
+                dec: decoded,
+                seen,
             }
             .call(self, tool, test_commands);
-            if buf.capacity() > DECODED_KEEP {
-                *buf = Vec::new();
+            if decoded.capacity() > DECODED_KEEP {
+                *decoded = Vec::new();
             }
             out
         })
+    }
+}
+
+impl FingerprintRules {
+    /// [`FingerprintRules::text_hash`] of a string whose scan found out whether it is plain.
+    #[inline]
+    fn scanned_text_hash(&self, s: &str, path: bool, plain: Plain) -> u64 {
+        let plain = if path && self.path_separators {
+            plain.path
+        } else {
+            plain.text
+        };
+        if plain && self.collapse_whitespace && !s.starts_with("http") {
+            return hash_bytes(tag::TEXT, s.as_bytes());
+        }
+        self.text_hash(s, path)
     }
 }
 
@@ -153,24 +201,24 @@ impl<'a> Scanner<'a> {
         let mut only_path = tool.read_tool;
         while let Some((k, kh)) = self.next_member(&mut members)? {
             let role = tool.role(kh, k);
-            let path_key = is_path_key(k);
+            let path_key = role.path;
             // The member's value hash and, for a string, its bare text hash.
             let (kind, value, text) = match self.peek()? {
                 b'"' => {
-                    let src = self.string()?;
-                    let text = f.text_hash(self.str_of(src)?, path_key);
+                    let (src, plain) = self.string::<true>()?;
+                    let v = self.str_of(src)?;
+                    if role.read_only && looks_read_only(v) {
+                        read_only = true;
+                    }
+                    let text = f.scanned_text_hash(v, path_key, plain);
                     (Kind::Str(src), mix(tag::STRING, text), Some(text))
                 }
                 b'n' => (Kind::Null, self.value(f, tool, false, 0)?, None),
                 b'[' if role.command.is_some() => return None,
                 b'[' => (Kind::Array, self.value(f, tool, path_key, 0)?, None),
+                b'-' | b'0'..=b'9' => (Kind::Other, mix(tag::NUMBER, self.number()?), None),
                 _ => (Kind::Other, self.value(f, tool, false, 0)?, None),
             };
-            if let Kind::Str(src) = kind
-                && looks_read_only_member(k, self.str_of(src)?)
-            {
-                read_only = true;
-            }
             if let Some(pos) = role.command
                 && command.is_none_or(|c| pos < c.0)
             {
@@ -244,17 +292,18 @@ impl<'a> Scanner<'a> {
     fn open_object(&mut self) -> Members {
         self.i += 1;
         Members {
-            seen: [0; MAX_MEMBERS],
-            n: 0,
+            from: self.seen.len(),
         }
     }
 
     /// The next member of an object: its key and the key's hash, the cursor left at its
-    /// value; `Some(None)` past the closing brace; `None` for what is left to the parser (bad
-    /// syntax, a duplicate key, too many members).
+    /// value; `Some(None)` past the closing brace (the object's key hashes are then
+    /// forgotten); `None` for what is left to the parser (bad syntax, a duplicate key, too
+    /// many members).
+    #[inline]
     fn next_member(&mut self, m: &mut Members) -> Option<Option<(&'a str, u64)>> {
         self.ws();
-        if m.n == 0 {
+        if self.seen.len() == m.from {
             if self.peek() == Some(b'}') {
                 self.i += 1;
                 return Some(None);
@@ -267,6 +316,7 @@ impl<'a> Scanner<'a> {
                 }
                 b'}' => {
                     self.i += 1;
+                    self.seen.truncate(m.from);
                     return Some(None);
                 }
                 _ => return None,
@@ -274,12 +324,11 @@ impl<'a> Scanner<'a> {
         }
         let k = self.key()?;
         let kh = key_hash(k);
-        let (before, after) = m.seen.split_at_mut(m.n);
-        if before.contains(&kh) {
+        let before = self.seen.get(m.from..)?;
+        if before.len() >= MAX_MEMBERS || before.contains(&kh) {
             return None;
         }
-        *after.first_mut()? = kh;
-        m.n += 1;
+        self.seen.push(kh);
         self.ws();
         if self.peek() != Some(b':') {
             return None;
@@ -291,11 +340,12 @@ impl<'a> Scanner<'a> {
 
     /// An object key at the cursor, which must have no escapes (an escaped key is left to
     /// the parser: it could spell the same key as another member).
+    #[inline]
     fn key(&mut self) -> Option<&'a str> {
         if self.peek() != Some(b'"') {
             return None;
         }
-        match self.string()? {
+        match self.string::<false>()?.0 {
             Src::Text(a, z) => self.s.get(a..z),
             Src::Decoded(..) => None,
         }
@@ -311,8 +361,11 @@ impl<'a> Scanner<'a> {
     ) -> Option<u64> {
         match self.peek()? {
             b'"' => {
-                let src = self.string()?;
-                Some(mix(tag::STRING, f.text_hash(self.str_of(src)?, path)))
+                let (src, plain) = self.string::<true>()?;
+                Some(mix(
+                    tag::STRING,
+                    f.scanned_text_hash(self.str_of(src)?, path, plain),
+                ))
             }
             b'n' => self.literal(b"null", tag::NULL),
             b't' => self.literal(b"true", tag::TRUE),
@@ -351,17 +404,15 @@ impl<'a> Scanner<'a> {
                 let mut members = self.open_object();
                 let mut acc = 0u64;
                 while let Some((k, kh)) = self.next_member(&mut members)? {
-                    let v = self.value(f, tool, is_path_key(k), depth + 1)?;
-                    if !tool.role(kh, k).volatile {
+                    let role: Role = tool.role(kh, k);
+                    let v = self.value(f, tool, role.path, depth + 1)?;
+                    if !role.volatile {
                         acc = acc.wrapping_add(mix(kh, v));
                     }
                 }
                 Some(mix(tag::OBJECT, acc))
             }
-            b'-' | b'0'..=b'9' => {
-                let n = self.number()?;
-                Some(mix(tag::NUMBER, number_bits(&n)))
-            }
+            b'-' | b'0'..=b'9' => Some(mix(tag::NUMBER, self.number()?)),
             _ => None,
         }
     }
@@ -375,9 +426,11 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// A number at the cursor, as `serde_json` reads it: a plain non-negative integer
-    /// directly, anything else through `serde_json`'s own number parser.
-    fn number(&mut self) -> Option<Number> {
+    /// The canonical bits ([`number_bits`]) of the number at the cursor, read as `serde_json`
+    /// reads it: a plain non-negative integer directly, anything else through `serde_json`'s
+    /// own number parser.
+    #[inline]
+    fn number(&mut self) -> Option<u64> {
         let b = self.b;
         let start = self.i;
         let mut j = start;
@@ -417,46 +470,83 @@ impl<'a> Scanner<'a> {
         }
         self.i = j;
         if integral && start == int_start && int_len <= 19 {
-            // At most 19 digits never overflow a `u64`.
-            let value = b.get(int_start..j)?.iter().fold(0u64, |v, &d| {
+            // At most 19 digits never overflow a `u64`, whose bits are the number's (as an
+            // `i64` too, when it is one).
+            return Some(b.get(int_start..j)?.iter().fold(0u64, |v, &d| {
                 v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'))
-            });
-            return Some(Number::from(value));
+            }));
         }
-        serde_json::from_str::<Number>(self.s.get(start..j)?).ok()
+        serde_json::from_str::<Number>(self.s.get(start..j)?)
+            .ok()
+            .map(|n| number_bits(&n))
     }
 
     /// A string at the cursor (its opening quote), the cursor left past its closing quote.
     /// Control characters, bad escapes and lone surrogates make it `None`, as they make the
-    /// text invalid JSON.
-    fn string(&mut self) -> Option<Src> {
+    /// text invalid JSON. With `PLAIN`, the scan also finds out whether the string (when it
+    /// has no escapes) is already canonical, in the same pass.
+    #[inline(always)]
+    fn string<const PLAIN: bool>(&mut self) -> Option<(Src, Plain)> {
         let b = self.b;
         let start = self.i + 1;
         let mut j = start;
+        // Per word: the high bit of each byte that is no ASCII, or a space followed by a
+        // space, or (for paths) a slash followed by a slash; and whether the previous word
+        // ended in a space or a slash (bit 0).
+        let (mut bad, mut bad_path) = (0u64, 0u64);
+        let (mut carry_space, mut carry_slash) = (0u64, 0u64);
         loop {
             // Eight bytes at a time up to the first quote, backslash or control character
-            // (the control-character test may also stop at a byte after a real one, which the
-            // byte test below then passes).
-            while let Some(w) = b.get(j..).and_then(<[u8]>::first_chunk::<8>) {
-                let w = u64::from_le_bytes(*w);
-                let hits =
-                    eq_bytes(w, b'"') | eq_bytes(w, b'\\') | (w.wrapping_sub(LO * 0x20) & !w & HI);
-                if hits == 0 {
-                    j += 8;
-                } else {
-                    j += (hits.trailing_zeros() / 8) as usize;
-                    break;
+            // (the control-character test may also flag a byte after a real one, which is
+            // never the first). The last bytes of the text are padded with quotes: a string
+            // that ends there is unterminated.
+            let w = match b.get(j..).and_then(<[u8]>::first_chunk::<8>) {
+                Some(w) => u64::from_le_bytes(*w),
+                None => {
+                    let mut w = [b'"'; 8];
+                    let rest = b.get(j..).unwrap_or_default();
+                    w.get_mut(..rest.len())?.copy_from_slice(rest);
+                    u64::from_le_bytes(w)
                 }
+            };
+            let hits = zeros(w ^ (LO * u64::from(b'"')))
+                | zeros(w ^ (LO * u64::from(b'\\')))
+                | (w.wrapping_sub(LO * 0x20) & !w & HI);
+            // The bytes before the first hit.
+            let keep = (hits & hits.wrapping_neg()).wrapping_sub(1);
+            if PLAIN {
+                let sp = zeros(w ^ (LO * u64::from(b' ')));
+                // Exact: a slash then a dot (`/.`) is common in paths.
+                let sl = eq_bytes(w, b'/');
+                bad |= ((w & HI) | (sp & (sp >> 8)) | (carry_space & (sp >> 7))) & keep;
+                bad_path |= ((sl & (sl >> 8)) | (carry_slash & (sl >> 7))) & keep;
+                carry_space = sp >> 63;
+                carry_slash = sl >> 63;
             }
-            match *b.get(j)? {
+            if hits == 0 {
+                j += 8;
+                continue;
+            }
+            j += (hits.trailing_zeros() / 8) as usize;
+            return match *b.get(j)? {
                 b'"' => {
                     self.i = j + 1;
-                    return Some(Src::Text(start, j));
+                    let plain = if PLAIN {
+                        let s = b.get(start..j)?;
+                        let edges = s.first() != Some(&b' ') && s.last() != Some(&b' ');
+                        let text = bad == 0 && edges;
+                        Plain {
+                            text,
+                            path: text && bad_path == 0 && !s.starts_with(b"./"),
+                        }
+                    } else {
+                        UNKNOWN
+                    };
+                    Some((Src::Text(start, j), plain))
                 }
-                b'\\' => return self.escaped(start, j),
-                c if c < 0x20 => return None,
-                _ => j += 1,
-            }
+                b'\\' => Some((self.escaped(start, j)?, UNKNOWN)),
+                _ => None,
+            };
         }
     }
 
@@ -522,6 +612,14 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// The high bit of every zero byte of `v`, and possibly of bytes after one (a borrow): exact up
+/// to the first zero byte, and never missing one, which is all the string scan needs (a
+/// byte flagged after a real one only makes a string look less plain than it is).
+#[inline(always)]
+fn zeros(v: u64) -> u64 {
+    v.wrapping_sub(LO) & !v & HI
+}
+
 /// The value of four hex digits at `j`.
 fn hex4(b: &[u8], j: usize) -> Option<u32> {
     let mut v = 0u32;
@@ -529,4 +627,60 @@ fn hex4(b: &[u8], j: usize) -> Option<u32> {
         v = (v << 4) | char::from(c).to_digit(16)?;
     }
     Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)] // test code
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Scans the JSON string `text` (with its quotes) for what it says about plain forms.
+    fn scan(text: &str) -> Option<(Src, Plain)> {
+        let (mut dec, mut seen) = (Vec::new(), Vec::new());
+        Scanner {
+            s: text,
+            b: text.as_bytes(),
+            i: 0,
+            dec: &mut dec,
+            seen: &mut seen,
+        }
+        .string::<true>()
+    }
+
+    proptest! {
+        /// The string scan's plain forms are [`super::super::plain`]'s, wherever the string
+        /// ends in the text (the padded last word included).
+        #[test]
+        fn string_scan_finds_the_plain_forms(
+            s in "[ a/.\\x7fé]{0,40}",
+            tail in "[}\\] ]{0,9}",
+        ) {
+            let text = format!("\"{s}\"{tail}");
+            let (src, plain) = scan(&text).unwrap();
+            let Src::Text(a, z) = src else { panic!("no escapes: {text:?}") };
+            prop_assert_eq!(&text[a..z], s.as_str());
+            prop_assert_eq!(plain.text, super::super::plain(s.as_bytes(), false), "{:?}", s);
+            prop_assert_eq!(plain.path, super::super::plain(s.as_bytes(), true), "{:?}", s);
+        }
+
+        /// For any printable text, a string the scan calls plain is plain (the scan may miss
+        /// a plain one after a space or a slash).
+        #[test]
+        fn string_scan_never_calls_plain_what_is_not(s in "[ -~é]{0,40}") {
+            let text = serde_json::to_string(&s).unwrap();
+            let (_, plain) = scan(&text).unwrap();
+            prop_assert!(!plain.text || super::super::plain(s.as_bytes(), false), "{:?}", s);
+            prop_assert!(!plain.path || super::super::plain(s.as_bytes(), true), "{:?}", s);
+        }
+
+        /// An unterminated string is no string, however close to the end of the text.
+        #[test]
+        fn unterminated_string_is_none(s in "[ a/é]{0,20}") {
+            let text = format!("\"{s}");
+            prop_assert!(scan(&text).is_none());
+        }
+    }
 }

@@ -124,7 +124,7 @@ pub fn file_of(rules: &FingerprintRules, tool: &ToolKeys, args: &Arguments<'_>) 
 /// arrow such as `->`, `=>` or `<>`).
 pub(super) fn writes_to_file(b: &[u8]) -> bool {
     let mut i = 0;
-    while let Some(off) = b[i..].iter().position(|&c| c == b'>') {
+    while let Some(off) = b.get(i..).and_then(|rest| memchr::memchr(b'>', rest)) {
         let at = i + off;
         let mut j = at + 1;
         if b.get(j) == Some(&b'>') {
@@ -149,6 +149,39 @@ pub(super) fn writes_to_file(b: &[u8]) -> bool {
     false
 }
 
+/// The bytes that end a command segment (`\n`, `;`, `|`, `&`, `(`).
+const SEGMENT_ENDS: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'\n' as usize] = true;
+    t[b';' as usize] = true;
+    t[b'|' as usize] = true;
+    t[b'&' as usize] = true;
+    t[b'(' as usize] = true;
+    t
+};
+
+/// The words of an ASCII command segment: its runs of bytes other than ASCII whitespace
+/// (what `split_whitespace` gives for ASCII text).
+#[derive(Clone, Copy)]
+struct AsciiWords<'s> {
+    rest: &'s [u8],
+}
+
+impl<'s> Iterator for AsciiWords<'s> {
+    type Item = &'s [u8];
+
+    #[inline]
+    fn next(&mut self) -> Option<&'s [u8]> {
+        let is_space = |c: &u8| matches!(c, b'\t'..=b'\r' | b' ');
+        let start = self.rest.iter().position(|c| !is_space(c))?;
+        let word = self.rest.get(start..)?;
+        let len = word.iter().position(is_space).unwrap_or(word.len());
+        let (word, rest) = word.split_at(len);
+        self.rest = rest;
+        Some(word)
+    }
+}
+
 impl FingerprintRules {
     /// The command of a shell call: the first command key present holding a string.
     pub fn command<'v>(&self, map: &'v Map<String, Value>) -> Option<&'v str> {
@@ -166,14 +199,23 @@ impl FingerprintRules {
             return true;
         }
         let b = cmd.as_bytes();
-        (0..b.len()).any(|i| {
-            let c = b[i];
-            sh.operator_starts[usize::from(c >> 6)] & (1 << (c & 63)) != 0
-                && sh
-                    .complex_operators
-                    .iter()
-                    .any(|op| b[i..].starts_with(op.as_bytes()))
-        })
+        let mut from = 0;
+        while let Some(at) = b.get(from..).and_then(|rest| {
+            rest.iter()
+                .position(|&c| sh.operator_starts[usize::from(c)])
+        }) {
+            let i = from + at;
+            let rest = b.get(i..).unwrap_or_default();
+            if sh
+                .complex_operators
+                .iter()
+                .any(|op| rest.starts_with(op.as_bytes()))
+            {
+                return true;
+            }
+            from = i + 1;
+        }
+        false
     }
 
     /// Shell normalization of one command. `text` is the command's text hash when the member
@@ -240,15 +282,11 @@ impl FingerprintRules {
             let rest = b.get(from..).unwrap_or_default();
             let end = rest
                 .iter()
-                .position(|&c| matches!(c, b'\n' | b';' | b'|' | b'&' | b'('))
+                .position(|&c| SEGMENT_ENDS[usize::from(c)])
                 .map_or(b.len(), |p| from + p);
             let segment = b.get(from..end).unwrap_or_default();
             let hit = if segment.is_ascii() {
-                self.segment_modifies(
-                    segment
-                        .split(|&c| matches!(c, b'\t'..=b'\r' | b' '))
-                        .filter(|w| !w.is_empty()),
-                )
+                self.segment_modifies(AsciiWords { rest: segment })
             } else {
                 cmd.get(from..end).is_some_and(|segment| {
                     self.segment_modifies(segment.split_whitespace().map(str::as_bytes))
@@ -274,9 +312,10 @@ impl FingerprintRules {
             return false;
         };
         let first = first.rsplit(|&c| c == b'/').next().unwrap_or(first);
-        let Some(seconds) = std::str::from_utf8(first)
-            .ok()
-            .and_then(|f| self.shell.modify_first_words.position(f))
+        let Some(seconds) = self
+            .shell
+            .modify_first_words
+            .position_of_bytes(first)
             .and_then(|i| self.shell.modify_seconds.get(i))
         else {
             return false;

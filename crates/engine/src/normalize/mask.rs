@@ -9,6 +9,15 @@
 //! every masker, tried at every byte; property tests check that both mask every text alike.
 
 use super::Maskers;
+use super::out::{Out, Rep, pad};
+
+/// A replacement, padded for [`Out::rep`].
+macro_rules! rep {
+    ($s:literal) => {{
+        const R: Rep = (&pad($s), $s.len());
+        R
+    }};
+}
 
 const DIGIT: u8 = 1;
 /// `a`–`f`, `A`–`F`.
@@ -59,7 +68,7 @@ fn is_word(c: u8) -> bool {
 }
 
 /// Masks `s` with the enabled maskers into `out`, in one pass.
-pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut String) {
+pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
     let b = s.as_bytes();
     let mut i = 0;
     let mut copied = 0;
@@ -71,10 +80,13 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut String) {
         }
         let hit = if k & WORD != 0 {
             let w = word(b, i);
-            // Maskers start at a word's first byte, never inside a word (where a mask that
-            // ended can leave the scan).
-            let first = k & ALNUM != 0 && (i == 0 || !is_word(b[i - 1]));
-            match if first { word_at(m, b, i, w) } else { None } {
+            // Maskers start at a word's first byte (a word is never entered in the middle:
+            // the rest of a word a mask ended in is passed over below).
+            match if k & ALNUM != 0 {
+                word_at(m, b, i, w)
+            } else {
+                None
+            } {
                 Some(hit) => hit,
                 None => {
                     i = w.end;
@@ -91,15 +103,20 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut String) {
             }
         };
         let (len, rep) = hit;
-        out.push_str(&s[copied..i]);
-        out.push_str(rep);
+        out.copy(b, copied, i);
+        out.rep(rep);
         i += len.max(1);
-        while i < b.len() && !s.is_char_boundary(i) {
+        // A mask ends on a character boundary (the bytes after it are whole characters).
+        while b.get(i).is_some_and(|&c| (c as i8) < -0x40) {
             i += 1;
         }
         copied = i;
+        // No masker starts inside a word: the rest of one the mask ended in is passed over.
+        if i > 0 && i < b.len() && is_word(b[i - 1]) {
+            i = word_end(b, i);
+        }
     }
-    out.push_str(&s[copied.min(s.len())..]);
+    out.copy(b, copied.min(b.len()), b.len());
 }
 
 /// The word starting at `i`: where it ends, the union of its bytes' classes
@@ -152,7 +169,7 @@ fn word_end(b: &[u8], i: usize) -> usize {
 /// length and replacement. Maskers are tried in a fixed order; each is tried only if the word
 /// could start it.
 #[inline]
-fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static str)> {
+fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
     let Word { end, acc, .. } = w;
     let c = b[i];
     let len = end - i;
@@ -167,23 +184,23 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static 
             && matches!(after, Some(b'-' | b'/' | b':'))
             && let Some(len) = timestamp_len(b, i, n)
         {
-            return Some((len, "<ts>"));
+            return Some((len, rep!("<ts>")));
         }
         if uuid(m) {
-            return Some((36, "<uuid>"));
+            return Some((36, rep!("<uuid>")));
         }
         if m.counters
             && after == Some(b' ')
             && starts_ci(b, i + n, " times")
             && end_ok(b, i + n + 6)
         {
-            return Some((n + 6, "<n> times"));
+            return Some((n + 6, rep!("<n> times")));
         }
         if m.durations
             && after.is_some_and(|u| u == b'.' || u == b' ' || u == 0xc2 || class(u) & ALPHA != 0)
             && let Some(len) = duration_len(b, i, n)
         {
-            return Some((len, "<dur>"));
+            return Some((len, rep!("<dur>")));
         }
         if m.ids
             && i > 0
@@ -195,25 +212,25 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static 
                 j += 1 + digits(b, j + 1);
             }
             if end_ok(b, j) {
-                return Some((j - i, "<n>"));
+                return Some((j - i, rep!("<n>")));
             }
         }
         if m.hex_ids {
             if c == b'0' && matches!(b.get(i + 1), Some(b'x' | b'X')) {
                 let h = hexes(b, i + 2);
                 if h >= 8 && end_ok(b, i + 2 + h) {
-                    return Some((2 + h, "<hex>"));
+                    return Some((2 + h, rep!("<hex>")));
                 }
             } else if hex_word && len >= 8 {
-                return Some((len, "<hex>"));
+                return Some((len, rep!("<hex>")));
             }
         }
     } else {
         if uuid(m) {
-            return Some((36, "<uuid>"));
+            return Some((36, rep!("<uuid>")));
         }
         if m.hex_ids && hex_word && len >= 8 {
-            return Some((len, "<hex>"));
+            return Some((len, rep!("<hex>")));
         }
         // `pid`, `pgid`, `ppid`, `tid`: a whole word, then a separator.
         if m.pids
@@ -221,7 +238,7 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static 
             && matches!(c, b'p' | b'P' | b't' | b'T')
             && let Some(len) = pid_len(b, i, end)
         {
-            return Some((len, "pid <n>"));
+            return Some((len, rep!("pid <n>")));
         }
     }
     // An id has 2 digits and 2 letters, in this word or in words joined to it by `-`.
@@ -229,7 +246,7 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static 
         && (next == Some(b'-') || (len >= 6 && acc & DIGIT != 0 && acc & ALPHA != 0))
         && let Some(len) = id_len(b, i)
     {
-        return Some((len, "<id>"));
+        return Some((len, rep!("<id>")));
     }
     // The counter words: whole words of these lengths starting with these letters.
     if m.counters
@@ -243,9 +260,9 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, &'static 
 
 /// The maskers starting with a byte other than a word's (`ESC`, `(`, `#`, `/`).
 #[inline]
-fn other_at(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'static str)> {
+fn other_at(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, Rep)> {
     match b[i] {
-        0x1b if m.ansi => Some((ansi_len(b, i), "")),
+        0x1b if m.ansi => Some((ansi_len(b, i), rep!(""))),
         b'(' if m.counters => {
             // (3/10)
             let n1 = digits(b, i + 1);
@@ -254,14 +271,15 @@ fn other_at(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'static str)> {
             } else {
                 0
             };
-            (n2 > 0 && b.get(i + 2 + n1 + n2) == Some(&b')')).then_some((3 + n1 + n2, "(<n>/<n>)"))
+            (n2 > 0 && b.get(i + 2 + n1 + n2) == Some(&b')'))
+                .then_some((3 + n1 + n2, rep!("(<n>/<n>)")))
         }
         b'#' if m.counters && (i == 0 || !is_word(b[i - 1])) => {
             // #7
             let n = digits(b, i + 1);
-            (n > 0 && end_ok(b, i + 1 + n)).then_some((1 + n, "#<n>"))
+            (n > 0 && end_ok(b, i + 1 + n)).then_some((1 + n, rep!("#<n>")))
         }
-        b'/' if m.temp_paths => temp_len(b, i).map(|n| (n, "/tmp/<tmp>")),
+        b'/' if m.temp_paths => temp_len(b, i).map(|n| (n, rep!("/tmp/<tmp>"))),
         _ => None,
     }
 }
@@ -369,17 +387,17 @@ fn number_after(b: &[u8], i: usize, end: usize, separator: impl Fn(u8) -> bool) 
 }
 
 /// `attempt 2`, `retry #3`, `run: 9` at `i`: a counter word `b[i..end]`, separators, a number.
-fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, &'static str)> {
+fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, Rep)> {
     let word = &b[i..end];
     let rep = [
-        ("attempt", "attempt <n>"),
-        ("retry", "retry <n>"),
-        ("try", "try <n>"),
-        ("iteration", "iteration <n>"),
-        ("round", "round <n>"),
-        ("revision", "revision <n>"),
-        ("build", "build <n>"),
-        ("run", "run <n>"),
+        ("attempt", rep!("attempt <n>")),
+        ("retry", rep!("retry <n>")),
+        ("try", rep!("try <n>")),
+        ("iteration", rep!("iteration <n>")),
+        ("round", rep!("round <n>")),
+        ("revision", rep!("revision <n>")),
+        ("build", rep!("build <n>")),
+        ("run", rep!("run <n>")),
     ]
     .into_iter()
     .find(|(w, _)| word.eq_ignore_ascii_case(w.as_bytes()))?
