@@ -157,6 +157,7 @@ impl Plugins {
                 let view = host::EventView::new(host::EventKind::Call, c.session, c.time_ms)
                     .call_id(c.call_id)
                     .tool(c.tool)
+                    .shell(tool.keys.shell)
                     .arguments(args)
                     .fingerprints(u64::from(keys.exact as u32), u64::from(keys.fuzzy as u32))
                     .window(window);
@@ -184,6 +185,7 @@ impl Plugins {
                     .call_id(r.call_id)
                     .tool(tool.map_or("", |t| &*t.name))
                     .result(r.output, r.is_error, r.exit_code)
+                    .shell(rec.has(crate::detect::flag::SHELL))
                     .fingerprints(u64::from(rec.exact), u64::from(rec.fuzzy))
                     .result_digest(digest)
                     .window(window);

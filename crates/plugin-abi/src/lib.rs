@@ -314,8 +314,12 @@ pub struct EventView {
     pub is_error: u8,
     /// 1 if `exit_code` is meaningful (RESULT events of tools that have one), else 0.
     pub has_exit_code: u8,
+    /// 1 if the call's tool runs shell commands (the policy's `shell.tools`; CALL and RESULT),
+    /// else 0. A shell command printing nothing succeeded quietly: it found no empty answer.
+    /// Hosts older than this field leave it 0.
+    pub is_shell: u8,
     /// Always 0 (explicit padding, so the layout has no uninitialized bytes on 64-bit targets).
-    pub reserved: [u8; 6],
+    pub reserved: [u8; 5],
     /// Event time in milliseconds, supplied by the agent host (monotonic within a session).
     pub time_ms: u64,
     /// The session the event belongs to.
@@ -353,7 +357,8 @@ impl EventView {
             exit_code: 0,
             is_error: 0,
             has_exit_code: 0,
-            reserved: [0; 6],
+            is_shell: 0,
+            reserved: [0; 5],
             time_ms: 0,
             session: StrRef::EMPTY,
             call_id: StrRef::EMPTY,

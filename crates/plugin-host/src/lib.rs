@@ -740,6 +740,12 @@ impl<'a> EventView<'a> {
         self
     }
 
+    /// Whether the call's tool runs shell commands.
+    pub fn shell(mut self, is_shell: bool) -> Self {
+        self.raw.is_shell = u8::from(is_shell);
+        self
+    }
+
     /// Assistant or user text.
     pub fn text(mut self, text: &'a str) -> Self {
         self.raw.text = StrRef::new(text);
@@ -891,10 +897,12 @@ mod tests {
         let ev = EventView::new(EventKind::Result, "s", 5)
             .tool("t")
             .result("out", true, Some(2))
+            .shell(true)
             .window(&window);
         let raw = &ev.raw;
         assert_eq!(raw.kind, abi::event_kind::RESULT);
         assert_eq!((raw.is_error, raw.has_exit_code, raw.exit_code), (1, 1, 2));
+        assert_eq!(raw.is_shell, 1);
         assert_eq!(raw.result.len, 3);
         assert_eq!(raw.window_len, 1);
         assert_eq!(raw.time_ms, 5);

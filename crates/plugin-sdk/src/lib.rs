@@ -208,6 +208,8 @@ pub struct Event<'a> {
     pub is_error: bool,
     /// The exit code of a command's result, when it has one.
     pub exit_code: Option<i32>,
+    /// The call's tool runs shell commands (the policy's `shell.tools`).
+    pub is_shell: bool,
     /// Event time in milliseconds, as the host reports it (not necessarily wall-clock time).
     pub time_ms: u64,
     /// Exact fingerprint of the call (0 if unknown).
@@ -233,6 +235,7 @@ impl<'a> Event<'a> {
             text: "",
             is_error: false,
             exit_code: None,
+            is_shell: false,
             time_ms: 0,
             exact: 0,
             fuzzy: 0,
@@ -429,6 +432,7 @@ pub mod __glue {
                 text: str_of(raw.text),
                 is_error: raw.is_error != 0,
                 exit_code: (raw.has_exit_code != 0).then_some(raw.exit_code),
+                is_shell: raw.is_shell != 0,
                 time_ms: raw.time_ms,
                 exact: raw.exact,
                 fuzzy: raw.fuzzy,

@@ -509,7 +509,11 @@ impl Results {
         if session.entries.len() >= window {
             session.entries.pop_front();
         }
-        let bad = ev.is_error || ev.exit_code.is_some_and(|c| c != 0) || empty(&normalized);
+        // A shell command printing nothing succeeded quietly (`git add`, `mkdir`): not an empty
+        // answer; one that found nothing says so by its exit code.
+        let bad = ev.is_error
+            || ev.exit_code.is_some_and(|c| c != 0)
+            || (!ev.is_shell && empty(&normalized));
         session.entries.push_back(Entry {
             tool,
             call,
@@ -659,6 +663,27 @@ mod tests {
         let hit = d.on_event(&result("search", "[]", 3)).expect("a loop");
         assert_eq!(hit.count, 3);
         assert!(hit.message.contains("`search`"), "{}", hit.message);
+    }
+
+    /// `git add`, `mkdir` and `git diff --check` print nothing when they succeed: three
+    /// different silent commands were three "empty answers" in a row.
+    #[test]
+    fn silent_shell_commands_are_not_empty_answers() {
+        let mut d = detector();
+        for exact in 1..=5 {
+            let mut ev = result("bash", "", exact);
+            ev.is_shell = true;
+            assert!(d.on_event(&ev).is_none(), "command {exact}");
+        }
+        // A shell command that found nothing says so by its exit code.
+        let mut last = None;
+        for exact in 6..=8 {
+            let mut ev = result("bash", "", exact);
+            ev.is_shell = true;
+            ev.exit_code = Some(1);
+            last = d.on_event(&ev);
+        }
+        assert!(last.is_some());
     }
 
     #[test]
