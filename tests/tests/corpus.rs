@@ -47,6 +47,7 @@ const FAMILIES: &[(&str, bool, bool)] = &[
     ("progress-edits", false, true),
     ("batch-edits", false, true),
     ("host-injected", true, true),
+    ("stagnation", true, true),
 ];
 
 #[test]

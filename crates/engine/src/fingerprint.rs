@@ -37,6 +37,7 @@ use shell::*;
 pub use canonical::is_path_key;
 pub(crate) use canonical::plain;
 pub use keyset::KeySet;
+pub(crate) use shell::CommandList;
 pub use shell::file_of;
 
 /// Canonicalization settings, compiled once from the policy.
@@ -59,13 +60,10 @@ pub struct ShellRules {
     pub(crate) file_read_commands: Vec<Box<str>>,
     pub(crate) file_operation_commands: Vec<Box<str>>,
     pub(crate) wait_commands: Vec<Box<str>>,
-    /// `shell.modify_commands`, each as its first word and an optional second word or flag.
-    pub(crate) modify_commands: Vec<(Box<str>, Option<Box<str>>)>,
-    /// The first words of `modify_commands`, found by hash: most commands start with none.
-    pub(crate) modify_first_words: KeySet,
-    /// For each of `modify_first_words` (by position), the second words or flags its
-    /// commands need (`None`: the first word alone).
-    pub(crate) modify_seconds: Vec<Vec<Option<Box<str>>>>,
+    /// `shell.modify_commands`.
+    pub(crate) modify_commands: CommandList,
+    /// `shell.state_queries`.
+    pub(crate) state_queries: CommandList,
     pub(crate) complex_operators: Vec<Box<str>>,
     /// Whether a byte is the first byte of a complex operator.
     pub(crate) operator_starts: Box<[bool; 256]>,
@@ -152,6 +150,9 @@ pub struct CallKeys {
     /// The arguments ask an editing tool only to look (`"command": "view"`): such a call
     /// changes nothing.
     pub read_only: bool,
+    /// A shell command that only shows the state of the work: every command of its line is
+    /// one of `shell.state_queries` (`git status && git diff`).
+    pub query: bool,
 }
 
 /// A top-level argument asks an editing tool only to look (`command: view`, `action: read`,
@@ -206,27 +207,6 @@ struct CommandMember<'v> {
 impl FingerprintRules {
     pub fn from_config(c: &loopguard_rules::Config) -> FingerprintRules {
         let boxed = |v: &[String]| v.iter().map(|s| s.as_str().into()).collect::<Vec<_>>();
-        let modify_commands: Vec<(Box<str>, Option<Box<str>>)> = c
-            .shell
-            .modify_commands
-            .iter()
-            .filter_map(|m| {
-                let mut w = m.split_whitespace();
-                let first = w.next()?;
-                Some((first.into(), w.next().map(Into::into)))
-            })
-            .collect();
-        let modify_first_words = KeySet::new(modify_commands.iter().map(|(w, _)| &**w));
-        let modify_seconds = modify_first_words
-            .iter()
-            .map(|first| {
-                modify_commands
-                    .iter()
-                    .filter(|(w, _)| **w == *first)
-                    .map(|(_, second)| second.clone())
-                    .collect()
-            })
-            .collect();
         let mut operator_starts = Box::new([false; 256]);
         for op in &c.shell.complex_operators {
             if let Some(&b) = op.as_bytes().first() {
@@ -246,9 +226,8 @@ impl FingerprintRules {
                 file_read_commands: boxed(&c.shell.file_read_commands),
                 file_operation_commands: boxed(&c.shell.file_operation_commands),
                 wait_commands: boxed(&c.shell.wait_commands),
-                modify_commands,
-                modify_first_words,
-                modify_seconds,
+                modify_commands: CommandList::new(&c.shell.modify_commands),
+                state_queries: CommandList::new(&c.shell.state_queries),
                 complex_operators: boxed(&c.shell.complex_operators),
                 operator_starts,
                 empty_operator: c.shell.complex_operators.iter().any(String::is_empty),
@@ -445,6 +424,7 @@ impl FingerprintRules {
         {
             keys.test = tool.tests.is_test(script.trim(), test_commands);
             keys.modify = self.modifies(script);
+            keys.query = !keys.modify && self.queries(script);
             return keys;
         }
         if only_path && let Some(path) = path {

@@ -599,6 +599,95 @@ fn silent_shell_commands_are_not_empty_outcomes() {
     }
 }
 
+/// Eight different git spellings of one question about an untouched working tree.
+const STATE_QUERIES: [&str; 8] = [
+    "git status",
+    "git diff --stat",
+    "git status --porcelain",
+    "git diff --name-only HEAD",
+    "git -C . status -sb",
+    "git --no-pager diff --stat",
+    "git ls-files -m",
+    "git status --short && git diff --stat",
+];
+
+#[test]
+fn state_queries_in_a_row_are_stagnation() {
+    let mut h = H::default();
+    for (i, cmd) in STATE_QUERIES.iter().enumerate() {
+        // Each answer differs: the queries ask differently, not for anything new.
+        let (c, r) = h.bash(cmd, &format!(" M src/lib.rs\n{i}"), false);
+        assert!(r.is_allow(), "{cmd}");
+        if i + 1 < STATE_QUERIES.len() {
+            assert!(c.is_allow(), "{cmd}: {c:?}");
+        } else {
+            assert_eq!(det(&c), Some("stagnation"), "{cmd}");
+            assert_eq!(c.action, Action::Warn);
+            // The run is named from its first query (its id is older than the few the
+            // session keeps).
+            assert_eq!(c.loop_start.as_ref().map(|s| s.seq), Some(1));
+            assert_eq!(c.count, 8);
+        }
+    }
+    // The next query goes on up the ladder.
+    let (c, _) = h.bash("git diff --stat", "x", false);
+    assert_eq!(det(&c), Some("stagnation"));
+    assert!(c.action > Action::Warn, "{c:?}");
+}
+
+#[test]
+fn anything_done_between_state_queries_ends_the_run() {
+    for between in [
+        json!({"path": "src/lib.rs"}),
+        json!({"command": "cargo test"}),
+        json!({"command": "git diff -- src/lib.rs"}),
+    ] {
+        let mut h = H::default();
+        for (i, cmd) in STATE_QUERIES.iter().enumerate() {
+            if i == 4 {
+                let tool = if between.get("path").is_some() {
+                    "read_file"
+                } else {
+                    "bash"
+                };
+                let (c, _) = h.run(tool, between.clone(), "ok", false);
+                assert!(c.is_allow());
+            }
+            let (c, _) = h.bash(cmd, "ok", false);
+            assert!(c.is_allow(), "{between} then {cmd}: {c:?}");
+        }
+    }
+}
+
+#[test]
+fn stagnation_is_switched_off_and_tuned_by_the_policy() {
+    let mut h = H::new(config(
+        "version: 1\ndetectors:\n  stagnation: { enabled: false }\n",
+    ));
+    for cmd in STATE_QUERIES {
+        assert!(h.bash(cmd, "ok", false).0.is_allow(), "{cmd}");
+    }
+    let mut h = H::new(config(
+        "version: 1\ndetectors:\n  stagnation: { threshold: 3 }\n",
+    ));
+    assert!(h.bash("git status", "a", false).0.is_allow());
+    assert!(h.bash("git diff", "b", false).0.is_allow());
+    assert_eq!(
+        det(&h.bash("git ls-files -m", "c", false).0),
+        Some("stagnation")
+    );
+    let mut h = H::new(config(
+        "version: 1\nshell:\n  state_queries: [kubectl get]\ndetectors:\n  stagnation: { threshold: 2 }\n",
+    ));
+    assert!(h.bash("git status", "a", false).0.is_allow());
+    assert!(h.bash("git status -s", "a", false).0.is_allow());
+    assert!(h.bash("kubectl get pods", "a", false).0.is_allow());
+    assert_eq!(
+        det(&h.bash("kubectl get svc", "b", false).0),
+        Some("stagnation")
+    );
+}
+
 #[test]
 fn failing_file_commands_cascade_with_a_hint() {
     let mut h = H::default();

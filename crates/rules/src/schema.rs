@@ -451,6 +451,9 @@ detectors! {
     Chanting chanting: Chanting = CHANTING, "a repeated sentence or paragraph";
     /// a tool that does not exist called again and again
     UnknownTool unknown_tool: UnknownTool = UNKNOWN_TOOL, "a tool that does not exist";
+    /// shell commands that only look at the state of the work (`shell.state_queries`: `git
+    /// status`, `git diff`, …), one after another with nothing done between them
+    Stagnation stagnation: Counted = STAGNATION, "looking at the same state again and again";
     ;
     /// one fingerprint repeated across the workers of a group (a swarm); its parameters are the
     /// policy's `group` section
@@ -547,6 +550,13 @@ detector_section! {
         /// regexes matched against shell commands to recognize test runs
         test_commands: Vec<Regex> = REGEXES,
             r#"['\b(cargo (test|nextest)|pytest|py\.test|go test|npm (run )?test|yarn test|pnpm test|jest|vitest|mvn test|gradle test|make test|rspec|phpunit|tox|ctest)\b']"#;
+    }
+}
+
+detector_section! {
+    Counted in STAGNATION {
+        /// the Nth state query in a row, with no other call between them, is flagged
+        threshold: u32 = COUNT, "8";
     }
 }
 
@@ -714,7 +724,12 @@ section! {
         /// the next word or a flag); a successful one, or a command writing to a file with `>`, is
         /// progress like a write tool's call
         modify_commands: Vec<String> = STRS,
-            r#"[apply_patch, patch, tee, mv, cp, rm, mkdir, touch, ln, chmod, "sed -i", "perl -i", "git apply", "git am", "git checkout", "git restore", "git switch", "git reset", "git stash", "git commit", "git merge", "git rebase", "git cherry-pick", "git revert", "git pull", "git mv", "git rm", "npm install", "npm i", "npm ci", "npm uninstall", "pnpm install", "pnpm add", "yarn add", "yarn install", "pip install", "pip3 install", "pip uninstall", "uv add", "uv pip", "poetry add", "cargo add", "cargo fix", "cargo fmt", "go get", "go mod"]"#;
+            r#"[apply_patch, patch, tee, mv, cp, rm, mkdir, touch, ln, chmod, "sed -i", "perl -i", "git apply", "git am", "git checkout", "git restore", "git switch", "git reset", "git stash", "git add", "git commit", "git merge", "git rebase", "git cherry-pick", "git revert", "git pull", "git mv", "git rm", "npm install", "npm i", "npm ci", "npm uninstall", "pnpm install", "pnpm add", "yarn add", "yarn install", "pip install", "pip3 install", "pip uninstall", "uv add", "uv pip", "poetry add", "cargo add", "cargo fix", "cargo fmt", "go get", "go mod"]"#;
+        /// commands that only show the state of the work (a first word, or a first word and its
+        /// subcommand, found past options such as `git -C dir`): with nothing done between them,
+        /// such queries in a row learn nothing new (`stagnation`); a command is one when every
+        /// command of its line is
+        state_queries: Vec<String> = STRS, r#"["git status", "git diff", "git ls-files"]"#;
         /// operators that make a command complex: such commands are kept verbatim
         complex_operators: Vec<String> = STRS, r#"['|', '>', '<', ';', '&&', '||', '$(', '`']"#;
     }

@@ -1,11 +1,11 @@
 //! Detectors that run when a call arrives: exact_repeat, fuzzy_repeat, cycle, interleaved,
-//! unknown_tool. The current call is the newest record of the window.
+//! unknown_tool, stagnation. The current call is the newest record of the window.
 //!
 //! On the hot path, [`scan`] runs exact_repeat, fuzzy_repeat, interleaved and unknown_tool in
 //! one pass over the window; the one-detector functions give the same answers one at a time.
 
 use loopguard_rules::Detectors;
-use loopguard_rules::config::Cycle;
+use loopguard_rules::config::{Counted, Cycle};
 #[cfg(test)]
 use loopguard_rules::config::{ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
 
@@ -293,14 +293,14 @@ pub fn unknown_tool(w: &Window<'_>, p: &UnknownTool, unknown: bool) -> Option<De
 }
 
 /// Every detector that runs when a call arrives, in detector order: exact_repeat,
-/// fuzzy_repeat, cycle, interleaved, unknown_tool. A call that is an exact repeat is not also
-/// reported as a fuzzy one. `unknown`: see [`scan`].
+/// fuzzy_repeat, cycle, interleaved, unknown_tool, stagnation. A call that is an exact repeat
+/// is not also reported as a fuzzy one. `unknown`: see [`scan`].
 pub fn detect(
     w: &Window<'_>,
     d: &Detectors,
     allowance: u32,
     unknown: bool,
-) -> [Option<Detection>; 5] {
+) -> [Option<Detection>; 6] {
     let (found, repeated) = scan_window(w, d, allowance, unknown);
     [
         found.exact,
@@ -310,7 +310,39 @@ pub fn detect(
         repeated.then(|| cycle(w, &d.cycle, allowance)).flatten(),
         found.interleaved,
         found.unknown,
+        stagnation(w, &d.stagnation, allowance),
     ]
+}
+
+/// The loop key of `stagnation`: one loop per session, however the queries are spelled.
+const STAGNATION_KEY: u64 = 0x5374_6174_6551_7279;
+
+/// `stagnation`: the current call ends a run of at least `threshold` (plus the allowance)
+/// state queries (`flag::QUERY`: `git status`, `git diff`, …) with no other call between
+/// them. Nothing was done between the queries, so the state they show cannot have changed
+/// for the agent's doing, however differently each one asks; any other call (an edit, a test
+/// run, a file read) ends the run.
+pub fn stagnation(w: &Window<'_>, p: &Counted, allowance: u32) -> Option<Detection> {
+    let cur = w.get(0)?;
+    if !p.enabled || !cur.has(flag::QUERY) {
+        return None;
+    }
+    let need = p.threshold.saturating_add(allowance);
+    let mut count = 0u32;
+    let mut start = 0usize;
+    for (k, r) in w.iter().enumerate() {
+        if !r.has(flag::QUERY) {
+            break;
+        }
+        count += 1;
+        start = k;
+    }
+    (count >= need).then(|| Detection {
+        tool: Some(cur.tool),
+        involved: Involved::Query,
+        start_seq: w.seq(start),
+        ..Detection::new(Det::Stagnation, STAGNATION_KEY, count, p.threshold)
+    })
 }
 
 /// What [`scan`] found: the answers of [`exact_repeat`], [`fuzzy_repeat`], [`interleaved`] and

@@ -37,6 +37,8 @@ pub mod flag {
     pub const CHANGED: u16 = 1 << 10;
     /// The result is long enough to have a near-duplicate sketch (`Record::sketch`).
     pub const SKETCH: u16 = 1 << 11;
+    /// A shell command that only shows the state of the work (`shell.state_queries`).
+    pub const QUERY: u16 = 1 << 12;
 }
 
 /// The count a repeat needs: `threshold` (plus the user's `allowance`) for repeats back to
@@ -187,6 +189,8 @@ pub enum Involved {
     All,
     Tool(u16),
     Test,
+    /// The state queries of a run of them (`flag::QUERY`).
+    Query,
     Digest(u32),
 }
 
@@ -199,6 +203,7 @@ impl Involved {
             Involved::All => true,
             Involved::Tool(t) => r.tool == t,
             Involved::Test => r.has(flag::TEST),
+            Involved::Query => r.has(flag::QUERY),
             Involved::Digest(d) => r.real_result() && r.digest == d,
         }
     }

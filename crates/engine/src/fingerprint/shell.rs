@@ -163,7 +163,7 @@ const SEGMENT_ENDS: [bool; 256] = {
 /// The words of an ASCII command segment: its runs of bytes other than ASCII whitespace
 /// (what `split_whitespace` gives for ASCII text).
 #[derive(Clone, Copy)]
-struct AsciiWords<'s> {
+pub(super) struct AsciiWords<'s> {
     rest: &'s [u8],
 }
 
@@ -233,6 +233,7 @@ impl FingerprintRules {
         let cmd = cmd.trim();
         keys.test = tool.tests.is_test(cmd, test_commands);
         keys.modify = self.modifies(cmd);
+        keys.query = !keys.modify && self.queries(cmd);
         let first = cmd
             .split_whitespace()
             .next()
@@ -267,67 +268,222 @@ impl FingerprintRules {
     /// with `>` / `>>` (not `/dev/…`, not `>&`).
     pub(super) fn modifies(&self, cmd: &str) -> bool {
         let list = &self.shell.modify_commands;
-        let b = cmd.as_bytes();
-        if writes_to_file(b) {
+        if writes_to_file(cmd.as_bytes()) {
             return true;
         }
+        !list.is_empty() && Segments::new(cmd).any(|s| list.runs(s) == Some(true))
+    }
+
+    /// Whether a shell command only shows the state of the whole work: it has a command, and
+    /// every command of it is in `shell.state_queries` and names no path (`git diff --
+    /// src/a.rs` asks about one file, and a review going file by file learns something new
+    /// each time). A command that also modifies is not one: the caller asks
+    /// [`FingerprintRules::modifies`] first.
+    pub(super) fn queries(&self, cmd: &str) -> bool {
+        let list = &self.shell.state_queries;
         if list.is_empty() {
             return false;
         }
-        // The command's segments between separators (ASCII bytes, so each segment is whole
-        // characters), each split into words: at ASCII whitespace when the segment is ASCII
-        // (the whitespace `split_whitespace` knows there), else by `split_whitespace`.
-        let mut from = 0;
-        loop {
-            let rest = b.get(from..).unwrap_or_default();
-            let end = rest
-                .iter()
-                .position(|&c| SEGMENT_ENDS[usize::from(c)])
-                .map_or(b.len(), |p| from + p);
-            let segment = b.get(from..end).unwrap_or_default();
-            let hit = if segment.is_ascii() {
-                self.segment_modifies(AsciiWords { rest: segment })
-            } else {
-                cmd.get(from..end).is_some_and(|segment| {
-                    self.segment_modifies(segment.split_whitespace().map(str::as_bytes))
-                })
-            };
-            if hit {
-                return true;
+        let mut any = false;
+        for segment in Segments::new(cmd) {
+            match list.runs(segment.clone()) {
+                Some(true) if !names_path(segment.skip(1)) => any = true,
+                Some(_) => return false,
+                None => {}
             }
-            if end >= b.len() {
-                return false;
+        }
+        any
+    }
+}
+
+/// The top of the work tree as a path: `.`, `./`.
+fn is_top(w: &[u8]) -> bool {
+    w == b"." || w == b"./"
+}
+
+/// Whether a command's words past its first name a path: a word after `--`, or an operand
+/// (not an option, not an option's value) holding a `/` or a `.`; the top of the tree (`.`)
+/// and revision ranges (`main..HEAD`) are no path. A branch such as `origin/main` reads as a
+/// path too, which only ever makes a command count as a query less often.
+fn names_path<'w>(words: impl Iterator<Item = &'w [u8]>) -> bool {
+    let mut words = words;
+    while let Some(w) = words.next() {
+        if w == b"--" {
+            return words.any(|w| !is_top(w));
+        }
+        if w.starts_with(b"-") {
+            if VALUE_OPTIONS.contains(&w) {
+                words.next();
             }
-            from = end + 1;
+            continue;
+        }
+        let w = w.trim_ascii_start();
+        let dotted = w.iter().any(|&c| c == b'/' || c == b'.');
+        let range =
+            w.windows(2).any(|p| p == b"..") && !w.windows(3).any(|p| p == b"../" || p == b"/..");
+        if dotted && !is_top(w) && !range {
+            return true;
+        }
+    }
+    false
+}
+
+/// Global options that take the next word as their value (`git -C dir status`, `git -c k=v
+/// diff`): a subcommand is looked for past them.
+const VALUE_OPTIONS: [&[u8]; 2] = [b"-C", b"-c"];
+
+/// Words of a command segment a subcommand is looked for among (past its options).
+const SUBCOMMAND_WORDS: usize = 8;
+
+/// A command segment's subcommand: its first word past options and their values.
+fn subcommand<'w>(words: impl Iterator<Item = &'w [u8]>) -> Option<&'w [u8]> {
+    let mut words = words.take(SUBCOMMAND_WORDS);
+    while let Some(w) = words.next() {
+        if !w.starts_with(b"-") {
+            return Some(w);
+        }
+        if VALUE_OPTIONS.contains(&w) {
+            words.next();
+        }
+    }
+    None
+}
+
+/// One command segment of a command line (between `\n`, `;`, `|`, `&` and `(`), as the words
+/// its lookups read: split at ASCII whitespace when the segment is ASCII (the whitespace
+/// `split_whitespace` knows there), else by `split_whitespace`.
+#[derive(Clone)]
+pub(super) enum Segment<'c> {
+    Ascii(AsciiWords<'c>),
+    Text(std::str::SplitWhitespace<'c>),
+}
+
+impl<'c> Iterator for Segment<'c> {
+    type Item = &'c [u8];
+
+    #[inline]
+    fn next(&mut self) -> Option<&'c [u8]> {
+        match self {
+            Segment::Ascii(w) => w.next(),
+            Segment::Text(w) => w.next().map(str::as_bytes),
+        }
+    }
+}
+
+/// The command segments of a command line. The separators are ASCII bytes, so each segment
+/// is whole characters.
+struct Segments<'c> {
+    cmd: &'c str,
+    from: usize,
+}
+
+impl<'c> Segments<'c> {
+    fn new(cmd: &'c str) -> Segments<'c> {
+        Segments { cmd, from: 0 }
+    }
+}
+
+impl<'c> Iterator for Segments<'c> {
+    type Item = Segment<'c>;
+
+    fn next(&mut self) -> Option<Segment<'c>> {
+        let b = self.cmd.as_bytes();
+        let from = self.from;
+        if from > b.len() {
+            return None;
+        }
+        let rest = b.get(from..).unwrap_or_default();
+        let end = rest
+            .iter()
+            .position(|&c| SEGMENT_ENDS[usize::from(c)])
+            .map_or(b.len(), |p| from + p);
+        self.from = end + 1;
+        let segment = b.get(from..end).unwrap_or_default();
+        Some(if segment.is_ascii() {
+            Segment::Ascii(AsciiWords { rest: segment })
+        } else {
+            Segment::Text(
+                self.cmd
+                    .get(from..end)
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
+        })
+    }
+}
+
+/// A list of shell commands (`shell.modify_commands`, `shell.state_queries`), each a first
+/// word and, if it needs one, a second word: a flag it must carry (`sed -i`) or its subcommand
+/// (`git commit`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CommandList {
+    /// Each command as its first word and the second word or flag it needs.
+    pub(crate) commands: Vec<(Box<str>, Option<Box<str>>)>,
+    /// The first words of `commands`, found by hash: most commands start with none.
+    first_words: KeySet,
+    /// For each of `first_words` (by position), the second words or flags its commands need
+    /// (`None`: the first word alone).
+    seconds: Vec<Vec<Option<Box<str>>>>,
+}
+
+impl CommandList {
+    pub(crate) fn new(list: &[String]) -> CommandList {
+        let commands: Vec<(Box<str>, Option<Box<str>>)> = list
+            .iter()
+            .filter_map(|m| {
+                let mut w = m.split_whitespace();
+                let first = w.next()?;
+                Some((first.into(), w.next().map(Into::into)))
+            })
+            .collect();
+        let first_words = KeySet::new(commands.iter().map(|(w, _)| &**w));
+        let seconds = first_words
+            .iter()
+            .map(|first| {
+                commands
+                    .iter()
+                    .filter(|(w, _)| **w == *first)
+                    .map(|(_, second)| second.clone())
+                    .collect()
+            })
+            .collect();
+        CommandList {
+            commands,
+            first_words,
+            seconds,
         }
     }
 
-    /// Whether one command segment, given as its words, runs a modify command: its first word
-    /// past `sudo` and `VAR=value` words, with any directory dropped, is one of
-    /// `shell.modify_commands` (with its second word or flag when that has one).
-    fn segment_modifies<'w>(&self, words: impl Iterator<Item = &'w [u8]> + Clone) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
+    /// Whether one command segment, given as its words, runs a command of the list: its first
+    /// word past `sudo` and `VAR=value` words, with any directory dropped, is a first word of
+    /// the list, with the flag it needs among its next words or the subcommand it needs as
+    /// its first word past options. `None` for a segment with no command.
+    pub(super) fn runs<'w>(&self, words: impl Iterator<Item = &'w [u8]> + Clone) -> Option<bool> {
         let mut words =
             words.skip_while(|w| *w == b"sudo" || (w.contains(&b'=') && !w.starts_with(b"-")));
-        let Some(first) = words.next() else {
-            return false;
-        };
+        let first = words.next()?;
         let first = first.rsplit(|&c| c == b'/').next().unwrap_or(first);
         let Some(seconds) = self
-            .shell
-            .modify_first_words
+            .first_words
             .position_of_bytes(first)
-            .and_then(|i| self.shell.modify_seconds.get(i))
+            .and_then(|i| self.seconds.get(i))
         else {
-            return false;
+            return Some(false);
         };
-        let next = words.clone().next();
-        seconds.iter().any(|second| match second.as_deref() {
-            None => true,
-            Some(flag) if flag.starts_with('-') => words
-                .clone()
-                .take(8)
-                .any(|r| r.starts_with(flag.as_bytes())),
-            Some(sub) => next == Some(sub.as_bytes()),
-        })
+        let sub = subcommand(words.clone());
+        Some(seconds.iter().any(|second| {
+            match second.as_deref() {
+                None => true,
+                Some(flag) if flag.starts_with('-') => words
+                    .clone()
+                    .take(SUBCOMMAND_WORDS)
+                    .any(|r| r.starts_with(flag.as_bytes())),
+                Some(name) => sub == Some(name.as_bytes()),
+            }
+        }))
     }
 }

@@ -136,6 +136,84 @@ fn shell_commands_that_change_files_are_recognized() {
     assert!(!codex("cargo test").modify);
 }
 
+/// `git -C /repo commit` and `git --no-pager add` ran past the subcommand check, which read
+/// only the word after `git`.
+#[test]
+fn a_subcommand_is_found_past_global_options() {
+    let modifies = |cmd: &str| keys("bash", &json!({ "command": cmd })).modify;
+    for cmd in [
+        "git -C /repo commit -m wip",
+        "git --no-pager add src/a.rs",
+        "git -c user.name=bot commit -am x",
+        "sudo git -C . checkout main",
+    ] {
+        assert!(modifies(cmd), "{cmd}");
+    }
+    for cmd in [
+        "git -C commit status",
+        "git -c commit=1 diff",
+        "git log --grep commit",
+    ] {
+        assert!(!modifies(cmd), "{cmd}");
+    }
+}
+
+/// Queries about the whole work: each command of the line is one of `shell.state_queries`
+/// and names no path.
+#[test]
+fn state_queries_are_recognized() {
+    let query = |cmd: &str| keys("bash", &json!({ "command": cmd })).query;
+    for cmd in [
+        "git status",
+        "git status --short",
+        "git -C . status --short",
+        "git -C /home/dev/api status -sb",
+        "git --no-pager diff --stat",
+        "git diff --name-only HEAD",
+        "git diff main..HEAD --stat",
+        "git status --short && git diff --stat",
+        "git diff --stat\ngit ls-files --modified\n",
+        "git diff -- .",
+    ] {
+        assert!(query(cmd), "{cmd}");
+    }
+    for cmd in [
+        // One file, or a path: a review going file by file.
+        "git diff -- src/a.ts",
+        "git diff src/a.ts",
+        "git status --short web/",
+        "git diff ../other/x.rs",
+        // Anything else on the line.
+        "git status --short && npm test",
+        "git add f.txt && git status --short",
+        "git diff | head -50",
+        "git log --oneline",
+        "ls",
+        "",
+    ] {
+        assert!(!query(cmd), "{cmd}");
+    }
+    let codex = |script: &str| keys("shell", &json!({"command": ["bash", "-lc", script]}));
+    assert!(codex("git status --short\ngit diff --stat").query);
+    assert!(!codex("git commit -am x && git status").query);
+    // Not a shell tool: never a query.
+    assert!(!keys("read_file", &json!({"command": "git status"})).query);
+}
+
+/// The subcommand of a segment's words past its command, as plainly as it can be written: the
+/// first of the next eight words not starting with `-` and not the value of `-C` or `-c`.
+fn subcommand_plain<'w>(words: impl Iterator<Item = &'w str>) -> Option<&'w str> {
+    let words: Vec<&str> = words.take(8).collect();
+    let mut i = 0;
+    while let Some(w) = words.get(i) {
+        if !w.starts_with('-') {
+            return Some(w);
+        }
+        i += if *w == "-C" || *w == "-c" { 2 } else { 1 };
+    }
+    None
+}
+
 /// `modifies` with every segment split by `str::split` and `split_whitespace`, as plainly as it
 /// can be written: the specification of the byte-level segment and word splitting.
 fn modifies_plain(f: &FingerprintRules, cmd: &str) -> bool {
@@ -148,14 +226,14 @@ fn modifies_plain(f: &FingerprintRules, cmd: &str) -> bool {
                 return false;
             };
             let first = first.rsplit('/').next().unwrap_or(first);
-            f.shell.modify_commands.iter().any(|(w, second)| {
+            f.shell.modify_commands.commands.iter().any(|(w, second)| {
                 **w == *first
                     && match second.as_deref() {
                         None => true,
                         Some(flag) if flag.starts_with('-') => {
                             words.clone().take(8).any(|r| r.starts_with(flag))
                         }
-                        Some(sub) => words.clone().next() == Some(sub),
+                        Some(sub) => subcommand_plain(words.clone()) == Some(sub),
                     }
             })
         })
@@ -170,7 +248,8 @@ proptest! {
             "sed", "-i", "sudo", "FOO=1", "-x=1", "git", "apply", "commit", "npm", "install",
             "cargo", "fmt", "test", "/usr/bin/rm", "rm", "mv", "ls", "cat", "a=b", "'x'", " ",
             "  ", "\t", "\n", "\u{b}", "\u{c}", "\r", "\u{1c}", "\u{85}", "\u{a0}", "\u{3000}",
-            ";", "|", "&&", "(", ")", "é", "/", ">", ">>", "2>&1", "/dev/null",
+            ";", "|", "&&", "(", ")", "é", "/", ">", ">>", "2>&1", "/dev/null", "-C", "-c",
+            "--no-pager", ".",
         ][..]), 0..12),
         spaced in any::<bool>(),
     ) {

@@ -30,6 +30,7 @@ impl Session {
             (keys.wait, flag::WAIT),
             (keys.test, flag::TEST),
             (keys.file_op, flag::FILE_OP),
+            (keys.query, flag::QUERY),
             (tool.keys.shell, flag::SHELL),
             (
                 keys.modify || (tool.modifies && !keys.read_only),
@@ -56,14 +57,23 @@ impl Session {
         let w = self.window(now);
         let a = self.allowance;
         let unknown = !tool.known || self.unknown.contains(&tool.id);
-        let [exact, fuzzy, cycle, interleaved, unknown_tool] = calls::detect(&w, det, a, unknown);
+        let [exact, fuzzy, cycle, interleaved, unknown_tool, stagnation] =
+            calls::detect(&w, det, a, unknown);
         let unknown_tool = unknown_tool.map(|d| by_name(d, &tool.name));
         // The group loop comes last: on a tie the session's own detectors win.
         let group_loop = match &group {
             GroupCheck::Loop(d) => Some(*d),
             GroupCheck::Quiet | GroupCheck::Unavailable => None,
         };
-        let mut cands = [exact, fuzzy, cycle, interleaved, unknown_tool, group_loop];
+        let mut cands = [
+            exact,
+            fuzzy,
+            cycle,
+            interleaved,
+            unknown_tool,
+            stagnation,
+            group_loop,
+        ];
         drop_exempt(&tool, &mut cands);
         let hits = rules.plugins.on_call(c, &keys, &tool, &w);
         let (mut verdict, _) = self.escalate(

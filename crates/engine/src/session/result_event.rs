@@ -76,11 +76,11 @@ impl Session {
         let a = self.allowance;
         // The call was judged without the calls before a person's message; its outcome just
         // showed that message changed nothing, so it is judged again with them.
-        let [exact, fuzzy, cycle, interleaved, _] = if lifted && k == 0 {
+        let [exact, fuzzy, cycle, interleaved, _, stagnation] = if lifted && k == 0 {
             let unknown = self.unknown.contains(&rec.tool);
             calls::detect(&w, det, a, unknown)
         } else {
-            [None; 5]
+            [None; 6]
         };
         let mut cands = [
             results::no_progress(&w, k, &det.no_progress, a),
@@ -93,6 +93,7 @@ impl Session {
             fuzzy,
             cycle,
             interleaved,
+            stagnation,
         ];
         if let Some(t) = tool.as_deref() {
             drop_exempt(t, &mut cands);
