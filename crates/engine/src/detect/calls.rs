@@ -709,7 +709,7 @@ mod tests {
             d.cycle.min_period = 2;
             d.cycle.max_period = 4;
             d.cycle.repetitions = 2;
-            let [.., found, _, _] = detect(&w, &d, allowance, unknown);
+            let [_, _, found, ..] = detect(&w, &d, allowance, unknown);
             prop_assert_eq!(found, cycle(&w, &d.cycle, allowance));
         }
     }
