@@ -163,7 +163,7 @@ const SEGMENT_ENDS: [bool; 256] = {
 /// The words of an ASCII command segment: its runs of bytes other than ASCII whitespace
 /// (what `split_whitespace` gives for ASCII text).
 #[derive(Clone, Copy)]
-pub(super) struct AsciiWords<'s> {
+struct AsciiWords<'s> {
     rest: &'s [u8],
 }
 
@@ -271,7 +271,7 @@ impl FingerprintRules {
         if writes_to_file(cmd.as_bytes()) {
             return true;
         }
-        !list.is_empty() && Segments::new(cmd).any(|s| list.runs(s) == Some(true))
+        !list.is_empty() && Segments::new(cmd).any(|s| list.runs_segment(s) == Some(true))
     }
 
     /// Whether a shell command only shows the state of the whole work: it has a command, and
@@ -281,13 +281,15 @@ impl FingerprintRules {
     /// [`FingerprintRules::modifies`] first.
     pub(super) fn queries(&self, cmd: &str) -> bool {
         let list = &self.shell.state_queries;
-        if list.is_empty() {
+        // A line none of whose commands can be a query (most lines: no `git` in them) is
+        // answered by a substring search.
+        if !list.may_run(cmd.as_bytes()) {
             return false;
         }
         let mut any = false;
         for segment in Segments::new(cmd) {
-            match list.runs(segment.clone()) {
-                Some(true) if !names_path(segment.skip(1)) => any = true,
+            match list.runs_segment(segment) {
+                Some(true) if !segment_names_path(segment) => any = true,
                 Some(_) => return false,
                 None => {}
             }
@@ -349,29 +351,20 @@ fn subcommand<'w>(words: impl Iterator<Item = &'w [u8]>) -> Option<&'w [u8]> {
     None
 }
 
-/// One command segment of a command line (between `\n`, `;`, `|`, `&` and `(`), as the words
-/// its lookups read: split at ASCII whitespace when the segment is ASCII (the whitespace
-/// `split_whitespace` knows there), else by `split_whitespace`.
-#[derive(Clone)]
-pub(super) enum Segment<'c> {
-    Ascii(AsciiWords<'c>),
-    Text(std::str::SplitWhitespace<'c>),
-}
-
-impl<'c> Iterator for Segment<'c> {
-    type Item = &'c [u8];
-
-    #[inline]
-    fn next(&mut self) -> Option<&'c [u8]> {
-        match self {
-            Segment::Ascii(w) => w.next(),
-            Segment::Text(w) => w.next().map(str::as_bytes),
-        }
+/// Whether a command segment's words past its first [name a path](names_path). The words are
+/// split at ASCII whitespace when the segment is ASCII (the whitespace `split_whitespace` knows
+/// there), else by `split_whitespace`.
+fn segment_names_path(segment: &str) -> bool {
+    let b = segment.as_bytes();
+    if b.is_ascii() {
+        names_path(AsciiWords { rest: b }.skip(1))
+    } else {
+        names_path(segment.split_whitespace().map(str::as_bytes).skip(1))
     }
 }
 
-/// The command segments of a command line. The separators are ASCII bytes, so each segment
-/// is whole characters.
+/// The command segments of a command line (between `\n`, `;`, `|`, `&` and `(`). The
+/// separators are ASCII bytes, so each segment is whole characters.
 struct Segments<'c> {
     cmd: &'c str,
     from: usize,
@@ -384,9 +377,10 @@ impl<'c> Segments<'c> {
 }
 
 impl<'c> Iterator for Segments<'c> {
-    type Item = Segment<'c>;
+    type Item = &'c str;
 
-    fn next(&mut self) -> Option<Segment<'c>> {
+    #[inline]
+    fn next(&mut self) -> Option<&'c str> {
         let b = self.cmd.as_bytes();
         let from = self.from;
         if from > b.len() {
@@ -398,17 +392,7 @@ impl<'c> Iterator for Segments<'c> {
             .position(|&c| SEGMENT_ENDS[usize::from(c)])
             .map_or(b.len(), |p| from + p);
         self.from = end + 1;
-        let segment = b.get(from..end).unwrap_or_default();
-        Some(if segment.is_ascii() {
-            Segment::Ascii(AsciiWords { rest: segment })
-        } else {
-            Segment::Text(
-                self.cmd
-                    .get(from..end)
-                    .unwrap_or_default()
-                    .split_whitespace(),
-            )
-        })
+        Some(self.cmd.get(from..end).unwrap_or_default())
     }
 }
 
@@ -458,11 +442,36 @@ impl CommandList {
         self.commands.is_empty()
     }
 
+    /// Whether a command line holds one of the list's first words anywhere: when it does not,
+    /// no command of it [`CommandList::runs`] one of the list's.
+    fn may_run(&self, line: &[u8]) -> bool {
+        self.first_words.iter().any(|w| {
+            let w = w.as_bytes();
+            let Some(&head) = w.first() else {
+                return false;
+            };
+            memchr::memchr_iter(head, line).any(|at| line.get(at..at + w.len()) == Some(w))
+        })
+    }
+
+    /// [`CommandList::runs`] on one segment of a command line, split into words at ASCII
+    /// whitespace when it is ASCII (the whitespace `split_whitespace` knows there), else by
+    /// `split_whitespace`.
+    #[inline]
+    fn runs_segment(&self, segment: &str) -> Option<bool> {
+        let b = segment.as_bytes();
+        if b.is_ascii() {
+            self.runs(AsciiWords { rest: b })
+        } else {
+            self.runs(segment.split_whitespace().map(str::as_bytes))
+        }
+    }
+
     /// Whether one command segment, given as its words, runs a command of the list: its first
     /// word past `sudo` and `VAR=value` words, with any directory dropped, is a first word of
     /// the list, with the flag it needs among its next words or the subcommand it needs as
     /// its first word past options. `None` for a segment with no command.
-    pub(super) fn runs<'w>(&self, words: impl Iterator<Item = &'w [u8]> + Clone) -> Option<bool> {
+    fn runs<'w>(&self, words: impl Iterator<Item = &'w [u8]> + Clone) -> Option<bool> {
         let mut words =
             words.skip_while(|w| *w == b"sudo" || (w.contains(&b'=') && !w.starts_with(b"-")));
         let first = words.next()?;
