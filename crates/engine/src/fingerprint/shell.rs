@@ -303,31 +303,18 @@ fn is_top(w: &[u8]) -> bool {
     w == b"." || w == b"./"
 }
 
-/// Whether a command's words past its first name a path: a word after `--`, or an operand
-/// (not an option, not an option's value) holding a `/` or a `.`; the top of the tree (`.`)
-/// and revision ranges (`main..HEAD`) are no path. A branch such as `origin/main` reads as a
-/// path too, which only ever makes a command count as a query less often.
+/// Whether a command's words past its first name a path: an [operand](Operands) after `--`,
+/// or one holding a `/` or a `.`; the top of the tree (`.`) and revision ranges
+/// (`main..HEAD`) are no path. A branch such as `origin/main` reads as a path too, which only
+/// ever makes a command count as a query less often.
 fn names_path<'w>(words: impl Iterator<Item = &'w [u8]>) -> bool {
-    let mut words = words;
-    while let Some(w) = words.next() {
-        if w == b"--" {
-            return words.any(|w| !is_top(w));
-        }
-        if w.starts_with(b"-") {
-            if VALUE_OPTIONS.contains(&w) {
-                words.next();
-            }
-            continue;
-        }
+    Operands::new(words).any(|(w, after_dashes)| {
         let w = w.trim_ascii_start();
         let dotted = w.iter().any(|&c| c == b'/' || c == b'.');
         let range =
             w.windows(2).any(|p| p == b"..") && !w.windows(3).any(|p| p == b"../" || p == b"/..");
-        if dotted && !is_top(w) && !range {
-            return true;
-        }
-    }
-    false
+        !is_top(w) && (after_dashes || (dotted && !range))
+    })
 }
 
 /// Global options that take the next word as their value (`git -C dir status`, `git -c k=v
@@ -337,18 +324,46 @@ const VALUE_OPTIONS: [&[u8]; 2] = [b"-C", b"-c"];
 /// Words of a command segment a subcommand is looked for among (past its options).
 const SUBCOMMAND_WORDS: usize = 8;
 
-/// A command segment's subcommand: its first word past options and their values.
-fn subcommand<'w>(words: impl Iterator<Item = &'w [u8]>) -> Option<&'w [u8]> {
-    let mut words = words.take(SUBCOMMAND_WORDS);
-    while let Some(w) = words.next() {
-        if !w.starts_with(b"-") {
-            return Some(w);
-        }
-        if VALUE_OPTIONS.contains(&w) {
-            words.next();
+/// The operands among a command's words: the words that are no option (`-x`, `--long`) and no
+/// value of a [value option](VALUE_OPTIONS), each with whether it comes after `--` (where
+/// every word is an operand).
+struct Operands<I> {
+    words: I,
+    after_dashes: bool,
+}
+
+impl<I> Operands<I> {
+    fn new(words: I) -> Operands<I> {
+        Operands {
+            words,
+            after_dashes: false,
         }
     }
-    None
+}
+
+impl<'w, I: Iterator<Item = &'w [u8]>> Iterator for Operands<I> {
+    type Item = (&'w [u8], bool);
+
+    fn next(&mut self) -> Option<(&'w [u8], bool)> {
+        loop {
+            let w = self.words.next()?;
+            if self.after_dashes || !w.starts_with(b"-") {
+                return Some((w, self.after_dashes));
+            }
+            if w == b"--" {
+                self.after_dashes = true;
+            } else if VALUE_OPTIONS.contains(&w) {
+                self.words.next();
+            }
+        }
+    }
+}
+
+/// A command segment's subcommand: its first operand among the next few words.
+fn subcommand<'w>(words: impl Iterator<Item = &'w [u8]>) -> Option<&'w [u8]> {
+    Operands::new(words.take(SUBCOMMAND_WORDS))
+        .next()
+        .map(|(w, _)| w)
 }
 
 /// Whether a command segment's words past its first [name a path](names_path). The words are
@@ -483,7 +498,8 @@ impl CommandList {
         else {
             return Some(false);
         };
-        let sub = subcommand(words.clone());
+        // Looked for once, and only by a command that needs a subcommand.
+        let mut sub = None;
         Some(seconds.iter().any(|second| {
             match second.as_deref() {
                 None => true,
@@ -491,7 +507,9 @@ impl CommandList {
                     .clone()
                     .take(SUBCOMMAND_WORDS)
                     .any(|r| r.starts_with(flag.as_bytes())),
-                Some(name) => sub == Some(name.as_bytes()),
+                Some(name) => {
+                    *sub.get_or_insert_with(|| subcommand(words.clone())) == Some(name.as_bytes())
+                }
             }
         }))
     }
