@@ -18,7 +18,8 @@
 //! proxy judges every call and result but never intervenes; the bench checks that at the end.
 //!
 //! The proxy is built by the bench (`cargo build -p loopctl`, `--release` unless the bench
-//! itself is a debug build; a no-op when fresh) and run from `$CARGO_TARGET_DIR` or `target/`.
+//! itself is a debug build; a no-op when fresh) and run from `$CARGO_TARGET_DIR` or `target/`,
+//! unless `LOOPGUARD_BENCH_LOOPCTL` names the `loopctl` binary to run.
 //! The upstream (TCP_NODELAY on, as model servers have it) and the clients share one 2-thread
 //! runtime in the bench process; the proxy runs as its own process. On a small machine the three
 //! compete for the same cores, as they would on one host.
@@ -155,8 +156,12 @@ fn sse(call: &Value) -> Vec<String> {
 
 // --- the proxy ---------------------------------------------------------------------------------
 
-/// Builds `loopctl` with the bench's own optimization and returns its path.
+/// Builds `loopctl` with the bench's own optimization and returns its path; or the binary
+/// `LOOPGUARD_BENCH_LOOPCTL` names (to compare two builds on the same clients and upstream).
 fn loopctl() -> PathBuf {
+    if let Some(path) = std::env::var_os("LOOPGUARD_BENCH_LOOPCTL") {
+        return PathBuf::from(path);
+    }
     let release = !cfg!(debug_assertions);
     let path = loopguard_tests::build(&["loopctl"], release)
         .join(format!("loopctl{}", std::env::consts::EXE_SUFFIX));

@@ -733,3 +733,52 @@ async fn interventions_are_machine_readable_plain_and_streamed() {
         );
     }
 }
+
+/// An upstream that answers every request with a redirect to `to`.
+async fn redirecting_to(to: String) -> std::net::SocketAddr {
+    let app = axum::Router::new().fallback(move || {
+        let to = to.clone();
+        async move {
+            axum::response::Response::builder()
+                .status(307)
+                .header("location", to)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_redirect_is_not_followed_with_the_clients_credentials() {
+    // Where the redirect points: it must never hear from the proxy.
+    let elsewhere = Upstream::start().await;
+    let to = format!("http://{}/v1/chat/completions", elsewhere.addr);
+    let up = redirecting_to(to.clone()).await;
+    let p = Proxy::start(&format!("http://{up}/v1"), &[]);
+    // A client that does not follow redirects itself, to see what the proxy answered.
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(p.url("/v1/chat/completions"))
+        .header("x-api-key", "sk-ant-secret")
+        .header("authorization", "Bearer sk-secret")
+        .json(&json!({"model": "text", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 307, "the upstream's status is passed back");
+    assert!(
+        r.headers().get("location").is_none(),
+        "a client that followed it would go around the proxy"
+    );
+    assert!(
+        elsewhere.requests().is_empty() && elsewhere.received("/v1/chat/completions").is_empty(),
+        "the proxy followed the redirect"
+    );
+}

@@ -22,13 +22,13 @@ use serde_json::value::RawValue;
 /// text unless the proxy changed it.
 #[derive(Debug, Clone)]
 struct Slot<'a> {
-    raw: Option<&'a RawValue>,
+    raw: Option<&'a str>,
     value: Option<Value>,
     changed: bool,
 }
 
 impl<'a> Slot<'a> {
-    fn raw(raw: &'a RawValue) -> Slot<'a> {
+    fn raw(raw: &'a str) -> Slot<'a> {
         Slot {
             raw: Some(raw),
             value: None,
@@ -48,18 +48,18 @@ impl<'a> Slot<'a> {
         let raw = self.raw;
         // A slice of a body whose parse already checked the whole: it parses again.
         self.value.get_or_insert_with(|| {
-            raw.and_then(|r| serde_json::from_str(r.get()).ok())
+            raw.and_then(|r| serde_json::from_str(r).ok())
                 .unwrap_or(Value::Null)
         })
     }
 
     fn write(&self, out: &mut Vec<u8>) {
         match (self.raw, &self.value) {
-            (Some(raw), _) if !self.changed => out.extend_from_slice(raw.get().as_bytes()),
+            (Some(raw), _) if !self.changed => out.extend_from_slice(raw.as_bytes()),
             (_, Some(v)) => {
                 let _ = serde_json::to_writer(&mut *out, v);
             }
-            (Some(raw), None) => out.extend_from_slice(raw.get().as_bytes()),
+            (Some(raw), None) => out.extend_from_slice(raw.as_bytes()),
             (None, None) => out.extend_from_slice(b"null"),
         }
     }
@@ -68,7 +68,7 @@ impl<'a> Slot<'a> {
         if self.changed {
             return None;
         }
-        self.raw.map(RawValue::get)
+        self.raw
     }
 }
 
@@ -77,15 +77,40 @@ impl<'a> Slot<'a> {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Peek {
     /// `role`.
-    pub role: Option<String>,
+    pub role: Option<Name>,
     /// `type` (Responses items).
-    pub kind: Option<String>,
+    pub kind: Option<Name>,
     /// Whether its content holds a block of type `tool_result`.
     pub has_results: bool,
     /// Whether its content holds a block of type `tool_use`.
     pub has_calls: bool,
     /// Whether it has `tool_calls` (OpenAI chat).
     pub has_tool_calls: bool,
+}
+
+/// A role or an item type: the common ones without an allocation.
+pub type Name = Cow<'static, str>;
+
+/// `text` as a [`Name`].
+pub fn name(text: &str) -> Name {
+    const KNOWN: [&str; 12] = [
+        "user",
+        "assistant",
+        "tool",
+        "system",
+        "developer",
+        "function",
+        "message",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "tool_use",
+        "tool_result",
+    ];
+    match KNOWN.iter().find(|k| **k == text) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(text.to_owned()),
+    }
 }
 
 /// One message, as read by a peek: only the keys the proxy looks at are read; the others are
@@ -205,11 +230,16 @@ impl<'de> Deserialize<'de> for BlockType {
 }
 
 /// Reads what the proxy needs of a message's JSON text.
-fn peek_text(text: &str) -> Peek {
+fn peek_fast(text: &str) -> Peek {
+    crate::scan::peek(text).unwrap_or_else(|| peek_text(text))
+}
+
+/// Reads what the proxy needs of a message's JSON text with `serde_json`.
+pub(crate) fn peek_text(text: &str) -> Peek {
     match serde_json::from_str::<PeekFields<'_>>(text) {
         Ok(f) => Peek {
-            role: f.role.map(Cow::into_owned),
-            kind: f.kind.map(Cow::into_owned),
+            role: f.role.as_deref().map(name),
+            kind: f.kind.as_deref().map(name),
             has_results: f.content.as_ref().is_some_and(|b| b.results),
             has_calls: f.content.as_ref().is_some_and(|b| b.calls),
             has_tool_calls: f.tool_calls.is_some_and(|p| p.0),
@@ -220,7 +250,7 @@ fn peek_text(text: &str) -> Peek {
 
 /// What a peek reads of an already parsed message.
 fn peek_value(v: &Value) -> Peek {
-    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(name);
     let blocks = v.get("content").and_then(Value::as_array);
     let has = |ty: &str| {
         blocks.is_some_and(|b| {
@@ -273,24 +303,37 @@ impl<'a> Messages<'a> {
     }
 
     /// What the proxy needs of message `i` (read once, without parsing it).
-    pub fn peek(&mut self, i: usize) -> Peek {
-        if let Some(Some(p)) = self.peeks.get(i) {
-            return p.clone();
+    pub fn peek(&mut self, i: usize) -> &Peek {
+        static NONE: Peek = Peek {
+            role: None,
+            kind: None,
+            has_results: false,
+            has_calls: false,
+            has_tool_calls: false,
+        };
+        if !matches!(self.peeks.get(i), Some(Some(_))) {
+            let p = self.read_peek(i);
+            if let Some(slot) = self.peeks.get_mut(i) {
+                *slot = Some(p);
+            }
         }
-        let p = match self.slots.get(i) {
+        match self.peeks.get(i) {
+            Some(Some(p)) => p,
+            _ => &NONE,
+        }
+    }
+
+    fn read_peek(&self, i: usize) -> Peek {
+        match self.slots.get(i) {
             Some(Slot {
                 value: Some(v),
                 changed: true,
                 ..
             }) => peek_value(v),
-            Some(Slot { raw: Some(raw), .. }) => peek_text(raw.get()),
+            Some(Slot { raw: Some(raw), .. }) => peek_fast(raw),
             Some(Slot { value: Some(v), .. }) => peek_value(v),
             _ => Peek::default(),
-        };
-        if let Some(slot) = self.peeks.get_mut(i) {
-            *slot = Some(p.clone());
         }
-        p
     }
 
     /// The JSON text of message `i` as the client sent it (`None` once the proxy parsed it).
@@ -421,19 +464,22 @@ impl<'a> Body<'a> {
         let members = members
             .into_iter()
             .map(|(k, raw)| {
+                let raw = raw.get();
                 if k == list_key {
-                    let t = raw.get().trim_start();
+                    let t = raw.trim_start();
+                    // The body parsed whole, so a list's elements can be found by its structure.
                     if t.starts_with('[')
-                        && let Ok(list) = serde_json::from_str::<Vec<&'a RawValue>>(raw.get())
+                        && let Some(list) = crate::scan::peeked_elements(raw)
                     {
-                        let n = list.len();
+                        let (slots, peeks) =
+                            list.into_iter().map(|(m, p)| (Slot::raw(m), p)).unzip();
                         messages = Some(Messages {
-                            slots: list.into_iter().map(Slot::raw).collect(),
-                            peeks: vec![None; n],
+                            slots,
+                            peeks,
                             changed: false,
                         });
                     } else if t.starts_with('"')
-                        && let Ok(s) = serde_json::from_str::<String>(raw.get())
+                        && let Ok(s) = serde_json::from_str::<String>(raw)
                     {
                         messages = Some(Messages::from_values(vec![
                             serde_json::json!({"role": "user", "content": s}),
@@ -598,6 +644,10 @@ mod tests {
             ("[1,2]", Peek::default()),
         ] {
             assert_eq!(peek_text(text), want, "{text}");
+            assert_eq!(peek_fast(text), want, "{text}");
+            if text.starts_with('{') {
+                assert_eq!(crate::scan::peek(text), Some(want.clone()), "{text}");
+            }
             let v: Value = serde_json::from_str(text).unwrap();
             assert_eq!(peek_value(&v), want, "{text}");
         }

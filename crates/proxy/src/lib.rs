@@ -65,6 +65,7 @@ pub mod fuzzing;
 pub mod judge;
 mod listen;
 pub mod metrics;
+mod scan;
 mod server;
 pub mod session;
 pub mod sessions;
@@ -323,6 +324,10 @@ impl Proxy {
             .or_else(|| upstream.host().map(str::to_owned));
         let client = reqwest::Client::builder()
             .connect_timeout(options.connect_timeout)
+            // An upstream's redirect is not followed: it would carry the client's `x-api-key`
+            // or `api-key` to wherever it points. The client gets its status, and not its
+            // `location` (response headers are passed back from a short list).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(ProxyError::Client)?;
         let signals = Signals::install()?;

@@ -204,7 +204,7 @@ impl Wire {
 
     /// How the proxy sees message `i`.
     pub fn seen(self, msgs: &mut Messages<'_>, i: usize) -> Seen {
-        self.classify(&msgs.peek(i))
+        self.classify(msgs.peek(i))
     }
 
     /// The call ids a results message answers.
@@ -292,7 +292,7 @@ impl Wire {
     /// [`MARK`] and calling nothing).
     fn is_proxy_reply(self, msgs: &mut Messages<'_>, i: usize) -> bool {
         let p = msgs.peek(i);
-        if self.classify(&p) != Seen::Assistant || p.has_tool_calls || p.has_calls {
+        if self.classify(p) != Seen::Assistant || p.has_tool_calls || p.has_calls {
             return false;
         }
         if self == Wire::Responses && p.kind.as_deref().is_some_and(|t| t != "message") {
