@@ -772,7 +772,11 @@ async fn an_upstream_redirect_is_not_followed_with_the_clients_credentials() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 307, "the upstream's status is passed back");
+    assert_eq!(
+        r.status().as_u16(),
+        307,
+        "the upstream's status is passed back"
+    );
     assert!(
         r.headers().get("location").is_none(),
         "a client that followed it would go around the proxy"

@@ -1,6 +1,7 @@
-//! The proxy's parsers as plain functions, for the fuzz tests (`tests/tests/fuzz.rs`): a
-//! request body, an upstream's whole answer and an upstream's stream, of any wire format, each
-//! run through the same code as a served request, in process and with no network.
+//! The proxy's parsers as plain functions, for the fuzz tests (`tests/tests/fuzz.rs`) and the
+//! profile driver `benches/examples/proxy_turn.rs`: a request body, an upstream's whole answer
+//! and an upstream's stream, of any wire format, and a whole turn, each run through the same
+//! code as a served request, in process and with no network.
 
 use std::sync::{Arc, OnceLock};
 
@@ -60,6 +61,44 @@ pub fn request(wire: Wire, body: &[u8]) {
         // client's number may lie beyond what a `Value` holds (`1e999`) and is passed as sent.
         let parsed = serde_json::from_slice::<serde::de::IgnoredAny>(&out);
         debug_assert!(parsed.is_ok(), "{}", String::from_utf8_lossy(&out));
+    }
+}
+
+/// One whole turn as a served request has it: the request `body` read and judged, then the
+/// upstream's answer to it judged and rewritten: a JSON body (the pieces of `answer` joined),
+/// or, when `streamed`, SSE bytes fed piece by piece. Returns the bytes the client would get
+/// (the answer's own when nothing changed it), or nothing when the request was not forwarded.
+pub fn exchange(wire: Wire, body: &[u8], answer: &[Vec<u8>], streamed: bool) -> Vec<u8> {
+    let Ok(mut request) = wire.body(body) else {
+        return Vec::new();
+    };
+    let Some(state) = state() else {
+        return Vec::new();
+    };
+    let Prepared::Forward(turn) = state.prepare(wire, &headers(), &mut request) else {
+        return Vec::new();
+    };
+    let mut judge = TurnJudge::new(Arc::clone(state), *turn);
+    if streamed {
+        let mut s = wire.stream(judge);
+        let mut out = Vec::new();
+        for piece in answer {
+            for e in s.push(piece) {
+                out.extend_from_slice(e.as_bytes());
+            }
+        }
+        for e in s.finish() {
+            out.extend_from_slice(e.as_bytes());
+        }
+        return out;
+    }
+    let answer = answer.concat();
+    let Ok(mut value) = serde_json::from_slice::<Value>(&answer) else {
+        return Vec::new();
+    };
+    match wire.rewrite(&mut value, &mut judge) {
+        crate::wire::Rewritten::Judged(done) if done.is_empty() => answer,
+        _ => serde_json::to_vec(&value).unwrap_or_default(),
     }
 }
 

@@ -5,7 +5,7 @@
 //! `data:` lines are joined with newlines; its `event:` line names its type. The raw text of
 //! each event is kept, so events the proxy does not change reach the client byte for byte.
 
-/// Largest single event accepted (bytes of its lines).
+/// Largest single event accepted (bytes of its lines and their ends).
 pub const MAX_EVENT: usize = 16 << 20;
 
 /// One event of a stream.
@@ -23,9 +23,10 @@ pub struct Event {
 /// Splits a byte stream into events.
 #[derive(Debug, Default)]
 pub struct Splitter {
+    /// The start of a line whose end has not arrived.
     line: Vec<u8>,
-    lines: Vec<String>,
-    bytes: usize,
+    /// The complete lines of the event being read, each ending in `\n`.
+    event: Vec<u8>,
 }
 
 /// The stream holds an event larger than [`MAX_EVENT`].
@@ -37,28 +38,32 @@ impl Splitter {
     pub fn push(&mut self, bytes: &[u8], out: &mut Vec<Event>) -> Result<(), TooLarge> {
         let mut rest = bytes;
         while !rest.is_empty() {
-            let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+            let Some(nl) = memchr::memchr(b'\n', rest) else {
                 self.line.extend_from_slice(rest);
-                if self.line.len() + self.bytes > MAX_EVENT {
+                if self.line.len() + self.event.len() > MAX_EVENT {
                     return Err(TooLarge);
                 }
                 return Ok(());
             };
-            self.line.extend_from_slice(&rest[..nl]);
-            rest = &rest[nl + 1..];
-            if self.line.len() + self.bytes > MAX_EVENT {
+            let (head, tail) = rest.split_at(nl);
+            rest = tail.get(1..).unwrap_or_default();
+            let line = if self.line.is_empty() {
+                head
+            } else {
+                self.line.extend_from_slice(head);
+                &self.line
+            };
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.len() + self.event.len() > MAX_EVENT {
                 return Err(TooLarge);
             }
-            if self.line.last() == Some(&b'\r') {
-                self.line.pop();
-            }
-            let line = String::from_utf8_lossy(&self.line).into_owned();
-            self.line.clear();
             if line.is_empty() {
+                self.line.clear();
                 self.end_event(out);
             } else {
-                self.bytes += line.len();
-                self.lines.push(line);
+                self.event.extend_from_slice(line);
+                self.event.push(b'\n');
+                self.line.clear();
             }
         }
         Ok(())
@@ -67,22 +72,24 @@ impl Splitter {
     /// The stream ended: an unfinished event is completed.
     pub fn finish(&mut self, out: &mut Vec<Event>) {
         if !self.line.is_empty() {
-            let line = String::from_utf8_lossy(&self.line).into_owned();
-            self.line.clear();
-            self.lines.push(line);
+            self.event.append(&mut self.line);
+            self.event.push(b'\n');
         }
         self.end_event(out);
     }
 
     fn end_event(&mut self, out: &mut Vec<Event>) {
-        let lines = std::mem::take(&mut self.lines);
-        self.bytes = 0;
-        if lines.is_empty() {
+        if self.event.is_empty() {
             return;
         }
+        let bytes = std::mem::take(&mut self.event);
+        let mut raw = match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
         let mut event = None;
         let mut data: Option<String> = None;
-        for l in &lines {
+        for l in raw.split_terminator('\n') {
             if let Some(v) = l.strip_prefix("event:") {
                 event = Some(v.strip_prefix(' ').unwrap_or(v).to_owned());
             } else if let Some(v) = l.strip_prefix("data:") {
@@ -96,11 +103,8 @@ impl Splitter {
                 }
             }
         }
-        out.push(Event {
-            event,
-            data,
-            raw: format!("{}\n\n", lines.join("\n")),
-        });
+        raw.push('\n');
+        out.push(Event { event, data, raw });
     }
 }
 
@@ -137,6 +141,20 @@ mod tests {
             assert_eq!(out[1].raw, ": keep-alive\n\n");
             assert_eq!(out[2].data.as_deref(), Some("[DONE]"));
         }
+    }
+
+    #[test]
+    fn lines_end_with_or_without_a_carriage_return_and_bad_bytes_are_replaced() {
+        let mut s = Splitter::default();
+        let mut out = Vec::new();
+        s.push(b"data: a\xff\r\n: note\r\n\r\ndata: b", &mut out)
+            .unwrap();
+        s.finish(&mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].raw, "data: a\u{fffd}\n: note\n\n");
+        assert_eq!(out[0].data.as_deref(), Some("a\u{fffd}"));
+        assert_eq!(out[1].raw, "data: b\n\n");
+        assert_eq!(out[1].data.as_deref(), Some("b"));
     }
 
     #[test]
