@@ -314,7 +314,7 @@ impl<'a> Scanner<'a> {
     /// value; `Some(None)` past the closing brace (the object's key hashes are then
     /// forgotten); `None` for what is left to the parser (bad syntax, a duplicate key, too
     /// many members).
-    #[inline]
+    #[inline(always)]
     fn next_member(&mut self, m: &mut Members) -> Option<Option<(&'a [u8], u64)>> {
         self.ws();
         if m.count == 0 {
@@ -356,7 +356,7 @@ impl<'a> Scanner<'a> {
 
     /// An object key at the cursor, which must have no escapes (an escaped key is left to
     /// the parser: it could spell the same key as another member).
-    #[inline]
+    #[inline(always)]
     fn key(&mut self) -> Option<&'a [u8]> {
         if self.peek() != Some(b'"') {
             return None;
