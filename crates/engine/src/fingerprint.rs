@@ -114,6 +114,16 @@ impl Role {
             ..Role::default()
         }
     }
+
+    /// [`Role::other`] of a key given as bytes.
+    #[inline(never)]
+    fn other_of_bytes(k: &[u8]) -> Role {
+        Role {
+            path: is_path_key_bytes(k),
+            read_only: is_read_only_key_bytes(k),
+            ..Role::default()
+        }
+    }
 }
 
 impl ToolKeys {
@@ -127,6 +137,19 @@ impl ToolKeys {
         {
             Some(r) => *r,
             None => Role::other(k),
+        }
+    }
+
+    /// [`ToolKeys::role`] of a key given as bytes.
+    #[inline(always)]
+    fn role_of_bytes(&self, h: u64, k: &[u8]) -> Role {
+        match self
+            .roles
+            .position_hashed_bytes(h, k)
+            .and_then(|i| self.role.get(i))
+        {
+            Some(r) => *r,
+            None => Role::other_of_bytes(k),
         }
     }
 }
@@ -158,7 +181,12 @@ pub struct CallKeys {
 /// A top-level argument asks an editing tool only to look (`command: view`, `action: read`,
 /// …) when its key is one of these and its value [`looks_read_only`].
 fn is_read_only_key(k: &str) -> bool {
-    matches!(k, "command" | "action" | "mode" | "operation")
+    is_read_only_key_bytes(k.as_bytes())
+}
+
+/// [`is_read_only_key`] of a key given as bytes.
+fn is_read_only_key_bytes(k: &[u8]) -> bool {
+    matches!(k, b"command" | b"action" | b"mode" | b"operation")
 }
 
 /// The values of a [read-only key](is_read_only_key) that ask only to look.

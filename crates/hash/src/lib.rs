@@ -59,14 +59,6 @@ fn r8(s: &[u8], i: usize) -> u64 {
         .map_or(0, |c| u64::from_le_bytes(*c))
 }
 
-/// Four little-endian bytes at `i`.
-#[inline]
-fn r4(s: &[u8], i: usize) -> u64 {
-    s.get(i..)
-        .and_then(<[u8]>::first_chunk::<4>)
-        .map_or(0, |c| u64::from(u32::from_le_bytes(*c)))
-}
-
 /// Hash of a byte slice (wyhash's structure: 16 bytes per round, overlapping reads for the
 /// tail, the length mixed into the result). Equal inputs and seeds give equal hashes; the
 /// seed separates kinds of values.
@@ -75,12 +67,24 @@ pub fn hash_bytes(seed: u64, s: &[u8]) -> u64 {
     let len = s.len();
     let mut seed = seed ^ P0;
     let (a, b) = if len <= 16 {
-        if len >= 4 {
-            let q = (len >> 3) << 2;
-            (
-                (r4(s, 0) << 32) | r4(s, q),
-                (r4(s, len - 4) << 32) | r4(s, len - 4 - q),
-            )
+        // The four-byte reads at 0, q, len - 4 and len - 4 - q (q = 4 from 8 bytes on, 8 at
+        // 16, 0 below 8), taken from the first and last eight (or four) bytes.
+        if let (Some(first), Some(last)) = (s.first_chunk::<8>(), s.last_chunk::<8>()) {
+            let (f, l) = (u64::from_le_bytes(*first), u64::from_le_bytes(*last));
+            if len < 16 {
+                (f.rotate_left(32), l)
+            } else {
+                (
+                    (f << 32) | (l & 0xffff_ffff),
+                    (l & !0xffff_ffff) | (f >> 32),
+                )
+            }
+        } else if let (Some(first), Some(last)) = (s.first_chunk::<4>(), s.last_chunk::<4>()) {
+            let (f, l) = (
+                u64::from(u32::from_le_bytes(*first)),
+                u64::from(u32::from_le_bytes(*last)),
+            );
+            ((f << 32) | f, (l << 32) | l)
         } else if let (Some(&first), Some(&last)) = (s.first(), s.last()) {
             let mid = s.get(len >> 1).copied().unwrap_or(0);
             (
@@ -335,6 +339,36 @@ mod tests {
         let mut h = StreamHasher::new();
         h.bytes(s);
         h.finish()
+    }
+
+    /// Four little-endian bytes at `i`.
+    fn r4(s: &[u8], i: usize) -> u64 {
+        s.get(i..)
+            .and_then(<[u8]>::first_chunk::<4>)
+            .map_or(0, |c| u64::from(u32::from_le_bytes(*c)))
+    }
+
+    /// [`hash_bytes`] with its short inputs read four bytes at a time, as the structure says.
+    fn hash_bytes_by_fours(seed: u64, s: &[u8]) -> u64 {
+        let len = s.len();
+        if !(4..=16).contains(&len) {
+            return hash_bytes(seed, s);
+        }
+        let q = (len >> 3) << 2;
+        let a = (r4(s, 0) << 32) | r4(s, q);
+        let b = (r4(s, len - 4) << 32) | r4(s, len - 4 - q);
+        mum(P1 ^ len as u64, mum(a ^ P1, b ^ (seed ^ P0)))
+    }
+
+    #[test]
+    fn short_inputs_hash_as_their_four_byte_reads() {
+        let text: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        for len in 0..=20 {
+            for at in 0..8 {
+                let s = &text[at..at + len];
+                assert_eq!(hash_bytes(3, s), hash_bytes_by_fours(3, s), "{len} at {at}");
+            }
+        }
     }
 
     /// The values snapshots, Redis keys and plugin shards depend on. A change here is a change

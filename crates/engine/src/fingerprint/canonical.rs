@@ -96,20 +96,30 @@ pub(super) fn collapsed(s: &str) -> bool {
 
 /// Whether an argument key holds a path.
 pub fn is_path_key(k: &str) -> bool {
+    is_path_key_bytes(k.as_bytes())
+}
+
+/// [`is_path_key`] of a key's bytes.
+pub(super) fn is_path_key_bytes(k: &[u8]) -> bool {
     // Every name below ends with one of these letters: most keys are ruled out by their last.
-    if !matches!(
-        k.as_bytes().last(),
-        Some(b'h' | b's' | b'e' | b'r' | b'd' | b'y')
-    ) {
+    if !matches!(k.last(), Some(b'h' | b's' | b'e' | b'r' | b'd' | b'y')) {
         return false;
     }
     matches!(
         k,
-        "path" | "paths" | "file" | "files" | "filename" | "dir" | "directory" | "cwd" | "folder"
-    ) || k.ends_with("path")
-        || k.ends_with("paths")
-        || k.ends_with("_file")
-        || k.ends_with("_dir")
+        b"path"
+            | b"paths"
+            | b"file"
+            | b"files"
+            | b"filename"
+            | b"dir"
+            | b"directory"
+            | b"cwd"
+            | b"folder"
+    ) || k.ends_with(b"path")
+        || k.ends_with(b"paths")
+        || k.ends_with(b"_file")
+        || k.ends_with(b"_dir")
 }
 
 /// The canonical 64 bits of a JSON number: integers (and integral floats) by value, so `1` and

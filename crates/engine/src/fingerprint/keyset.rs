@@ -99,7 +99,7 @@ impl KeySet {
 
     /// [`KeySet::position_hashed`] of a key given as bytes.
     #[inline(always)]
-    fn position_hashed_bytes(&self, h: u64, k: &[u8]) -> Option<usize> {
+    pub(super) fn position_hashed_bytes(&self, h: u64, k: &[u8]) -> Option<usize> {
         let size = self.slots.len();
         let mut j = slot_of(h, size);
         // The table is at most a quarter full: an empty slot ends every probe sequence.

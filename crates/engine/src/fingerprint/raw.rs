@@ -16,8 +16,8 @@ use regex::Regex;
 use serde_json::Number;
 
 use super::{
-    CallKeys, FingerprintRules, HI, LO, PATH_KEYS, Role, ToolKeys, combine, eq_bytes, key_hash,
-    looks_read_only, number_bits,
+    CallKeys, FingerprintRules, HI, LO, PATH_KEYS, Role, ToolKeys, combine, looks_read_only,
+    number_bits,
 };
 use crate::hash::{hash_bytes, mix, tag};
 
@@ -64,9 +64,13 @@ enum Kind {
     Other,
 }
 
-/// An object being scanned: where its key hashes start in [`Scanner::seen`].
+/// An object being scanned: where its key hashes start in [`Scanner::seen`], how many it has,
+/// and a bit for each (by the hash's top six bits), so that a key whose bit is not yet set
+/// needs no look through the others.
 struct Members {
     from: usize,
+    count: usize,
+    bits: u64,
 }
 
 /// What the scan of a string found besides where it is: whether its text is already in
@@ -145,7 +149,15 @@ impl FingerprintRules {
 }
 
 impl<'a> Scanner<'a> {
+    /// Skips whitespace: most JSON text has none between its tokens.
+    #[inline(always)]
     fn ws(&mut self) {
+        if self.b.get(self.i).is_some_and(|&c| c <= b' ') {
+            self.more_ws();
+        }
+    }
+
+    fn more_ws(&mut self) {
         while let Some(&c) = self.b.get(self.i) {
             if matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
                 self.i += 1;
@@ -196,11 +208,11 @@ impl<'a> Scanner<'a> {
         let mut command: Option<(usize, Kind, Option<u64>)> = None;
         // Primary members with a path key (read tools only): the parsed path visits members
         // in key order and takes the first such path, so they are ordered after the scan.
-        let mut paths: [(&str, Kind); PATH_KEYS.len()] = [("", Kind::Null); PATH_KEYS.len()];
+        let mut paths: [(&[u8], Kind); PATH_KEYS.len()] = [(b"", Kind::Null); PATH_KEYS.len()];
         let mut n_paths = 0usize;
         let mut only_path = tool.read_tool;
         while let Some((k, kh)) = self.next_member(&mut members)? {
-            let role = tool.role(kh, k);
+            let role = tool.role_of_bytes(kh, k);
             let path_key = role.path;
             // The member's value hash and, for a string, its bare text hash.
             let (kind, value, text) = match self.peek()? {
@@ -228,7 +240,7 @@ impl<'a> Scanner<'a> {
                 command = Some((pos, kind, text));
             }
             if only_path && role.primary {
-                if PATH_KEYS.contains(&k) {
+                if PATH_KEYS.iter().any(|p| p.as_bytes() == k) {
                     if let Some(slot) = paths.get_mut(n_paths) {
                         *slot = (k, kind);
                         n_paths += 1;
@@ -293,6 +305,8 @@ impl<'a> Scanner<'a> {
         self.i += 1;
         Members {
             from: self.seen.len(),
+            count: 0,
+            bits: 0,
         }
     }
 
@@ -300,10 +314,10 @@ impl<'a> Scanner<'a> {
     /// value; `Some(None)` past the closing brace (the object's key hashes are then
     /// forgotten); `None` for what is left to the parser (bad syntax, a duplicate key, too
     /// many members).
-    #[inline]
-    fn next_member(&mut self, m: &mut Members) -> Option<Option<(&'a str, u64)>> {
+    #[inline(always)]
+    fn next_member(&mut self, m: &mut Members) -> Option<Option<(&'a [u8], u64)>> {
         self.ws();
-        if self.seen.len() == m.from {
+        if m.count == 0 {
             if self.peek() == Some(b'}') {
                 self.i += 1;
                 return Some(None);
@@ -323,11 +337,13 @@ impl<'a> Scanner<'a> {
             }
         }
         let k = self.key()?;
-        let kh = key_hash(k);
-        let before = self.seen.get(m.from..)?;
-        if before.len() >= MAX_MEMBERS || before.contains(&kh) {
+        let kh = hash_bytes(tag::KEY, k);
+        let bit = 1u64 << (kh >> 58);
+        if m.count >= MAX_MEMBERS || (m.bits & bit != 0 && self.seen.get(m.from..)?.contains(&kh)) {
             return None;
         }
+        m.count += 1;
+        m.bits |= bit;
         self.seen.push(kh);
         self.ws();
         if self.peek() != Some(b':') {
@@ -340,13 +356,13 @@ impl<'a> Scanner<'a> {
 
     /// An object key at the cursor, which must have no escapes (an escaped key is left to
     /// the parser: it could spell the same key as another member).
-    #[inline]
-    fn key(&mut self) -> Option<&'a str> {
+    #[inline(always)]
+    fn key(&mut self) -> Option<&'a [u8]> {
         if self.peek() != Some(b'"') {
             return None;
         }
         match self.string::<false>()?.0 {
-            Src::Text(a, z) => self.s.get(a..z),
+            Src::Text(a, z) => self.b.get(a..z),
             Src::Decoded(..) => None,
         }
     }
@@ -404,7 +420,7 @@ impl<'a> Scanner<'a> {
                 let mut members = self.open_object();
                 let mut acc = 0u64;
                 while let Some((k, kh)) = self.next_member(&mut members)? {
-                    let role: Role = tool.role(kh, k);
+                    let role: Role = tool.role_of_bytes(kh, k);
                     let v = self.value(f, tool, role.path, depth + 1)?;
                     if !role.volatile {
                         acc = acc.wrapping_add(mix(kh, v));
@@ -433,6 +449,32 @@ impl<'a> Scanner<'a> {
     fn number(&mut self) -> Option<u64> {
         let b = self.b;
         let start = self.i;
+        // A plain non-negative integer of at most 19 digits is read in one pass: it never
+        // overflows a `u64`, whose bits are the number's (as an `i64` too, when it is one).
+        let mut j = start;
+        let mut v = 0u64;
+        while let Some(d) = b.get(j).map(|c| c.wrapping_sub(b'0')).filter(|&d| d <= 9) {
+            v = v.wrapping_mul(10).wrapping_add(u64::from(d));
+            j += 1;
+        }
+        let len = j - start;
+        if (1..=19).contains(&len)
+            && (len == 1 || b.get(start) != Some(&b'0'))
+            && !matches!(b.get(j), Some(b'.' | b'e' | b'E'))
+        {
+            self.i = j;
+            return Some(v);
+        }
+        self.other_number()
+    }
+
+    /// [`Scanner::number`] of a number that is no plain integer of at most 19 digits (or no
+    /// number at all).
+    #[cold]
+    #[inline(never)]
+    fn other_number(&mut self) -> Option<u64> {
+        let b = self.b;
+        let start = self.i;
         let mut j = start;
         let digits = |j: &mut usize| {
             let from = *j;
@@ -450,17 +492,14 @@ impl<'a> Scanner<'a> {
         if int_len == 0 || (int_len > 1 && b.get(int_start) == Some(&b'0')) {
             return None;
         }
-        let mut integral = true;
         if b.get(j) == Some(&b'.') {
             j += 1;
-            integral = false;
             if digits(&mut j) == 0 {
                 return None;
             }
         }
         if matches!(b.get(j), Some(b'e' | b'E')) {
             j += 1;
-            integral = false;
             if matches!(b.get(j), Some(b'+' | b'-')) {
                 j += 1;
             }
@@ -469,13 +508,6 @@ impl<'a> Scanner<'a> {
             }
         }
         self.i = j;
-        if integral && start == int_start && int_len <= 19 {
-            // At most 19 digits never overflow a `u64`, whose bits are the number's (as an
-            // `i64` too, when it is one).
-            return Some(b.get(int_start..j)?.iter().fold(0u64, |v, &d| {
-                v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'))
-            }));
-        }
         serde_json::from_str::<Number>(self.s.get(start..j)?)
             .ok()
             .map(|n| number_bits(&n))
@@ -490,43 +522,53 @@ impl<'a> Scanner<'a> {
         let b = self.b;
         let start = self.i + 1;
         let mut j = start;
-        // Per word: the high bit of each byte that is no ASCII, or a space followed by a
-        // space, or (for paths) a slash followed by a slash; and whether the previous word
-        // ended in a space or a slash (bit 0).
+        // The high bit of each byte that is no ASCII or a space followed by a space (`bad`),
+        // or a slash followed by a slash (`bad_path`).
         let (mut bad, mut bad_path) = (0u64, 0u64);
-        let (mut carry_space, mut carry_slash) = (0u64, 0u64);
         loop {
             // Eight bytes at a time up to the first quote, backslash or control character
             // (the control-character test may also flag a byte after a real one, which is
-            // never the first). The last bytes of the text are padded with quotes: a string
-            // that ends there is unterminated.
-            let w = match b.get(j..).and_then(<[u8]>::first_chunk::<8>) {
-                Some(w) => u64::from_le_bytes(*w),
-                None => {
-                    let mut w = [b'"'; 8];
-                    let rest = b.get(j..).unwrap_or_default();
-                    w.get_mut(..rest.len())?.copy_from_slice(rest);
-                    u64::from_le_bytes(w)
+            // never the first); with `PLAIN`, also the eight bytes one further on, each
+            // byte's right neighbour. The last bytes of the text are padded with quotes: a
+            // string that ends there is unterminated.
+            let (w, next) = if PLAIN {
+                match b.get(j..).and_then(<[u8]>::first_chunk::<9>) {
+                    Some(c) => (word(c.first_chunk()), word(c.last_chunk())),
+                    None => {
+                        let c: [u8; 9] = padded(b, j)?;
+                        (word(c.first_chunk()), word(c.last_chunk()))
+                    }
+                }
+            } else {
+                match b.get(j..).and_then(<[u8]>::first_chunk::<8>) {
+                    Some(c) => (u64::from_le_bytes(*c), 0),
+                    None => (u64::from_le_bytes(padded(b, j)?), 0),
                 }
             };
-            let hits = zeros(w ^ (LO * u64::from(b'"')))
-                | zeros(w ^ (LO * u64::from(b'\\')))
-                | (w.wrapping_sub(LO * 0x20) & !w & HI);
-            // The bytes before the first hit.
-            let keep = (hits & hits.wrapping_neg()).wrapping_sub(1);
-            if PLAIN {
-                let sp = zeros(w ^ (LO * u64::from(b' ')));
-                // Exact: a slash then a dot (`/.`) is common in paths.
-                let sl = eq_bytes(w, b'/');
-                bad |= ((w & HI) | (sp & (sp >> 8)) | (carry_space & (sp >> 7))) & keep;
-                bad_path |= ((sl & (sl >> 8)) | (carry_slash & (sl >> 7))) & keep;
-                carry_space = sp >> 63;
-                carry_slash = sl >> 63;
-            }
+            // `zeros` of the quote's, the backslash's and the control characters' differences,
+            // sharing its last steps (a byte that is no ASCII is none of them).
+            let hits = ((w ^ (LO * u64::from(b'"'))).wrapping_sub(LO)
+                | (w ^ (LO * u64::from(b'\\'))).wrapping_sub(LO)
+                | w.wrapping_sub(LO * 0x20))
+                & !w
+                & HI;
+            // A pair of spaces or of slashes: the byte and its neighbour both are one.
+            let (flags, slashes) = if PLAIN {
+                let pair = |c: u8| zeros((w ^ (LO * u64::from(c))) | (next ^ (LO * u64::from(c))));
+                ((w & HI) | pair(b' '), pair(b'/'))
+            } else {
+                (0, 0)
+            };
             if hits == 0 {
+                bad |= flags;
+                bad_path |= slashes;
                 j += 8;
                 continue;
             }
+            // The bytes before the first hit.
+            let keep = (hits & hits.wrapping_neg()).wrapping_sub(1);
+            bad |= flags & keep;
+            bad_path |= slashes & keep;
             j += (hits.trailing_zeros() / 8) as usize;
             return match *b.get(j)? {
                 b'"' => {
@@ -618,6 +660,21 @@ impl<'a> Scanner<'a> {
 #[inline(always)]
 fn zeros(v: u64) -> u64 {
     v.wrapping_sub(LO) & !v & HI
+}
+
+/// The bytes of the text from `j` on, fewer than `N`, padded with quotes to `N`.
+#[inline(never)]
+fn padded<const N: usize>(b: &[u8], j: usize) -> Option<[u8; N]> {
+    let mut c = [b'"'; N];
+    let rest = b.get(j..).unwrap_or_default();
+    c.get_mut(..rest.len())?.copy_from_slice(rest);
+    Some(c)
+}
+
+/// The little-endian word of eight bytes (zero for none).
+#[inline(always)]
+fn word(c: Option<&[u8; 8]>) -> u64 {
+    c.map_or(0, |c| u64::from_le_bytes(*c))
 }
 
 /// The value of four hex digits at `j`.
