@@ -48,6 +48,7 @@ const FAMILIES: &[(&str, bool, bool)] = &[
     ("batch-edits", false, true),
     ("host-injected", true, true),
     ("stagnation", true, true),
+    ("polling", true, true),
 ];
 
 #[test]

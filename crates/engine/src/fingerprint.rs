@@ -161,6 +161,8 @@ pub struct CallKeys {
     pub fuzzy: u64,
     /// A wait command (`sleep 30`): never counted by the repeat detectors.
     pub wait: bool,
+    /// A command line that waits and then looks (`sleep 30 && gh run view 42`).
+    pub poll: bool,
     /// A shell command doing what file tools do (`cat`, `sed`, …).
     pub file_op: bool,
     /// A shell command matching the test-run patterns.
@@ -453,6 +455,7 @@ impl FingerprintRules {
             keys.test = tool.tests.is_test(script.trim(), test_commands);
             keys.modify = self.modifies(script);
             keys.query = !keys.modify && self.queries(script);
+            keys.poll = self.complex(script) && self.polls(script);
             return keys;
         }
         if only_path && let Some(path) = path {

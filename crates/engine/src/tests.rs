@@ -572,22 +572,86 @@ fn test_runs_failing_differently_after_edits_are_progress() {
 // --- results ------------------------------------------------------------------------------------
 
 #[test]
-fn different_searches_with_nothing_found_are_same_outcome() {
+fn different_searches_with_nothing_found_are_same_outcome_at_the_empty_threshold() {
     let mut h = H::default();
-    assert!(
-        h.run("grep", json!({"pattern": "foo"}), "No matches found", false)
-            .1
-            .is_allow()
-    );
-    assert!(
-        h.run("grep", json!({"pattern": "bar"}), "No matches found", false)
-            .1
-            .is_allow()
-    );
+    // Searching for what is not there takes a few spellings: the default empty threshold is 5.
+    for pattern in [
+        "retry_budget",
+        "retryBudget",
+        "RETRY_BUDGET",
+        "retry-budget",
+    ] {
+        let (_, r) = h.run(
+            "grep",
+            json!({ "pattern": pattern }),
+            "No matches found",
+            false,
+        );
+        assert!(r.is_allow(), "{pattern}: {r:?}");
+    }
     let r = h
-        .run("grep", json!({"pattern": "baz"}), "No matches found", false)
+        .run(
+            "grep",
+            json!({"pattern": "retrybudget"}),
+            "No matches found",
+            false,
+        )
         .1;
     assert_eq!(det(&r), Some("same_outcome"), "{r:?}");
+    assert_eq!(r.count, 5);
+
+    // The threshold is the policy's.
+    let mut h = H::new(config(
+        "version: 1\ndetectors: { same_outcome: { empty_threshold: 3 } }\n",
+    ));
+    for (i, pattern) in ["foo", "bar", "baz"].into_iter().enumerate() {
+        let (_, r) = h.run(
+            "grep",
+            json!({ "pattern": pattern }),
+            "No matches found",
+            false,
+        );
+        assert_eq!(r.is_allow(), i < 2, "{pattern}: {r:?}");
+    }
+}
+
+#[test]
+fn a_poll_is_a_repeat_only_at_twice_the_threshold() {
+    let poll = "sleep 10 && kubectl rollout status deploy/api --timeout=5s";
+    let waiting = "Waiting for deployment \"api\" rollout to finish: 1 of 3 updated replicas are available...\nerror: timed out waiting for the condition";
+    let mut h = H::default();
+    assert!(
+        h.bash(
+            "kubectl apply -f deploy.yaml",
+            "deployment.apps/api configured",
+            false
+        )
+        .1
+        .is_allow()
+    );
+    // The shell threshold is 3: a poll may look five times with nothing new.
+    for i in 1..=5 {
+        let (c, r) = h.bash(poll, waiting, true);
+        assert!(c.is_allow() && r.is_allow(), "poll {i}: {c:?} {r:?}");
+    }
+    let (c, r) = h.bash(poll, waiting, true);
+    let flagged = [det(&c), det(&r)];
+    assert!(
+        flagged.contains(&Some("exact_repeat")) || flagged.contains(&Some("no_progress")),
+        "the 6th identical poll: {c:?} {r:?}"
+    );
+    // The same check without the wait is no poll.
+    let mut h = H::default();
+    let check = "kubectl rollout status deploy/api --timeout=5s";
+    let mut hit = None;
+    for i in 1..=4 {
+        let (c, r) = h.bash(check, waiting, true);
+        if !(c.is_allow() && r.is_allow()) {
+            hit = Some(i);
+            break;
+        }
+    }
+    assert_eq!(hit, Some(3));
 }
 
 #[test]

@@ -531,6 +531,9 @@ detector_section! {
         threshold: u32 = COUNT, "3";
         /// count empty results (see `results.empty_patterns`), not only errors
         include_empty: bool = BOOL, "true";
+        /// the Nth different call in a row answered with the same empty result is flagged
+        /// (searching for what is not there takes a few tries)
+        empty_threshold: u32 = COUNT, "5";
     }
 }
 
@@ -718,8 +721,11 @@ section! {
         /// commands that do what file tools do; their failures point the model at the file tools
         file_operation_commands: Vec<String> = STRS,
             "[cat, echo, printf, sed, awk, tee, head, tail, touch, cp, mv]";
-        /// commands that wait (`sleep 30`): repeating them is not a loop
-        wait_commands: Vec<String> = STRS, "[sleep, wait, timeout, watch]";
+        /// commands that wait (`sleep 30`): repeating them is not a loop; a command line that
+        /// waits and then looks (`sleep 30 && gh run view 42`) polls something that changes by
+        /// itself, and the repeat detectors (`exact_repeat`, `fuzzy_repeat`, `interleaved`,
+        /// `no_progress`, `error_cascade`) flag it only at twice their threshold
+        wait_commands: Vec<String> = STRS, "[sleep, wait, watch]";
         /// shell commands that change files or the environment (a first word, or a first word and
         /// the next word or a flag); a successful one, or a command writing to a file with `>`, is
         /// progress like a write tool's call

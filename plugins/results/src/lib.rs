@@ -38,6 +38,7 @@
 //! | key            | default | meaning                                                     |
 //! |----------------|---------|-------------------------------------------------------------|
 //! | `min_count`    | 3       | similar results (this one included) that make a loop        |
+//! | `empty_min_count` | 5    | the same for empty answers (no error): finding nothing under a few names is search |
 //! | `window`       | 10      | how many recent results of the session are looked at        |
 //! | `similarity`   | 0.9     | MinHash agreement (0–1] at which two results are the same   |
 //! | `mask_numbers` | true    | mask every number before comparing                          |
@@ -88,6 +89,9 @@ pub struct Config {
     pub window: usize,
     /// MinHash agreement (0–1] at which two results are the same.
     pub similarity: f64,
+    /// Similar empty answers (no error, this one included) that make a loop: looking for
+    /// something under a few names before finding it is search.
+    pub empty_min_count: usize,
     /// Mask every number before comparing.
     pub mask_numbers: bool,
     /// Bytes of each output that are read.
@@ -105,6 +109,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             min_count: 3,
+            empty_min_count: 5,
             window: 10,
             similarity: 0.9,
             mask_numbers: true,
@@ -131,6 +136,7 @@ impl Config {
             }
         };
         c.min_count = usize_of("min_count", c.min_count)?;
+        c.empty_min_count = usize_of("empty_min_count", c.empty_min_count)?;
         c.window = usize_of("window", c.window)?;
         c.max_bytes = usize_of("max_bytes", c.max_bytes)?;
         c.max_sessions = usize_of("max_sessions", c.max_sessions)?;
@@ -155,17 +161,19 @@ impl Config {
                 c.similarity
             ));
         }
-        if c.min_count < 2 {
-            return Err(format!(
-                "`min_count` must be at least 2, got {}",
-                c.min_count
-            ));
-        }
-        if c.min_count > c.window {
-            return Err(format!(
-                "`min_count` ({}) must not exceed `window` ({}): no loop could ever be seen",
-                c.min_count, c.window
-            ));
+        for (key, n) in [
+            ("min_count", c.min_count),
+            ("empty_min_count", c.empty_min_count),
+        ] {
+            if n < 2 {
+                return Err(format!("`{key}` must be at least 2, got {n}"));
+            }
+            if n > c.window {
+                return Err(format!(
+                    "`{key}` ({n}) must not exceed `window` ({}): no loop could ever be seen",
+                    c.window
+                ));
+            }
         }
         if c.max_bytes == 0 || c.max_sessions == 0 {
             return Err("`max_bytes` and `max_sessions` must be at least 1".to_string());
@@ -511,9 +519,8 @@ impl Results {
         }
         // A shell command printing nothing succeeded quietly (`git add`, `mkdir`): not an empty
         // answer; one that found nothing says so by its exit code.
-        let bad = ev.is_error
-            || ev.exit_code.is_some_and(|c| c != 0)
-            || (!ev.is_shell && empty(&normalized));
+        let failed = ev.is_error || ev.exit_code.is_some_and(|c| c != 0);
+        let bad = failed || (!ev.is_shell && empty(&normalized));
         session.entries.push_back(Entry {
             tool,
             call,
@@ -532,7 +539,12 @@ impl Results {
         let count = members.clone().count();
         // Calls the host could not identify (0) count as different ones.
         let different_calls = members.clone().any(|e| e.call == 0 || e.call != call);
-        if count < min_count || !different_calls {
+        let needed = if bad && !failed {
+            self.config.empty_min_count
+        } else {
+            min_count
+        };
+        if count < needed || !different_calls {
             return None;
         }
         let what = if ev.is_error { "error" } else { "result" };
@@ -577,6 +589,10 @@ impl Detector for Results {
                 "min_count": {
                     "type": "integer", "minimum": 2, "default": 3,
                     "description": "similar results, this one included, that make a loop"
+                },
+                "empty_min_count": {
+                    "type": "integer", "minimum": 2, "maximum": 1000, "default": 5,
+                    "description": "similar empty answers (no error) that make a loop: finding nothing under a few names is search"
                 },
                 "window": {
                     "type": "integer", "minimum": 2, "maximum": 1000, "default": 10,
@@ -656,13 +672,30 @@ mod tests {
     }
 
     #[test]
-    fn three_searches_with_the_same_empty_result() {
+    fn five_searches_with_the_same_empty_result() {
         let mut d = detector();
-        assert!(d.on_event(&result("search", "[]", 1)).is_none());
-        assert!(d.on_event(&result("search", "[]", 2)).is_none());
-        let hit = d.on_event(&result("search", "[]", 3)).expect("a loop");
-        assert_eq!(hit.count, 3);
+        for exact in 1..=4 {
+            assert!(
+                d.on_event(&result("search", "[]", exact)).is_none(),
+                "{exact}"
+            );
+        }
+        let hit = d.on_event(&result("search", "[]", 5)).expect("a loop");
+        assert_eq!(hit.count, 5);
         assert!(hit.message.contains("`search`"), "{}", hit.message);
+        // Failures count from `min_count`.
+        let mut d = detector();
+        let mut failed = |exact| {
+            let mut ev = result("search", "index unavailable", exact);
+            ev.is_error = true;
+            d.on_event(&ev)
+        };
+        assert!(failed(1).is_none() && failed(2).is_none());
+        assert_eq!(failed(3).expect("a loop").count, 3);
+        // The empty count is configurable.
+        let mut d = Results::new(serde_json::json!({"empty_min_count": 2})).unwrap();
+        assert!(d.on_event(&result("search", "[]", 1)).is_none());
+        assert!(d.on_event(&result("search", "[]", 2)).is_some());
     }
 
     /// `git add`, `mkdir` and `git diff --check` print nothing when they succeed: three
@@ -786,12 +819,12 @@ mod tests {
             .map(|i| d.on_event(&result("edit", "The file has been updated.", i + 1)))
             .collect();
         assert!(hits[2].is_some(), "{hits:?}");
-        // Empty results count as failures.
+        // Empty results count as failures (from `empty_min_count`).
         let mut d = detector();
-        let hits: Vec<_> = (0..3)
+        let hits: Vec<_> = (0..5)
             .map(|i| d.on_event(&result("grep", "No matches found.", i + 1)))
             .collect();
-        assert!(hits[2].is_some(), "{hits:?}");
+        assert!(hits[3].is_none() && hits[4].is_some(), "{hits:?}");
     }
 
     #[test]
@@ -805,7 +838,7 @@ mod tests {
     #[test]
     fn memory_does_not_grow_with_output_size() {
         let mut d =
-            Results::new(serde_json::json!({"max_bytes": 1024, "window": 4, "min_count": 2}))
+            Results::new(serde_json::json!({"max_bytes": 1024, "window": 4, "min_count": 2, "empty_min_count": 2}))
                 .unwrap();
         let huge = "z".repeat(10 << 20);
         for i in 0..10 {

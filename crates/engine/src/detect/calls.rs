@@ -9,7 +9,7 @@ use loopguard_rules::config::{Counted, Cycle};
 #[cfg(test)]
 use loopguard_rules::config::{ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
 
-use super::{Det, Detection, Involved, Record, Window, flag, needed};
+use super::{Det, Detection, Involved, Record, Window, flag, for_record, needed};
 
 #[cfg(test)]
 /// Counts the current call plus earlier matching calls. Retried calls after a retryable error
@@ -67,11 +67,18 @@ pub fn exact_repeat(w: &Window<'_>, p: &ExactRepeat, allowance: u32) -> Option<D
         p.reset_on_changed_result,
         false,
     )?;
-    (count >= needed(p.threshold, allowance, count, start + 1)).then(|| Detection {
-        tool: Some(cur.tool),
-        involved: Involved::Exact(cur.exact),
-        start_seq: w.seq(start),
-        ..Detection::new(Det::ExactRepeat, u64::from(cur.exact), count, p.threshold)
+    (count >= needed(for_record(p.threshold, cur), allowance, count, start + 1)).then(|| {
+        Detection {
+            tool: Some(cur.tool),
+            involved: Involved::Exact(cur.exact),
+            start_seq: w.seq(start),
+            ..Detection::new(
+                Det::ExactRepeat,
+                u64::from(cur.exact),
+                count,
+                for_record(p.threshold, cur),
+            )
+        }
     })
 }
 
@@ -88,11 +95,18 @@ pub fn fuzzy_repeat(w: &Window<'_>, p: &FuzzyRepeat, allowance: u32) -> Option<D
         p.reset_on_changed_result,
         true,
     )?;
-    (count >= needed(p.threshold, allowance, count, start + 1)).then(|| Detection {
-        tool: Some(cur.tool),
-        involved: Involved::Fuzzy(cur.fuzzy),
-        start_seq: w.seq(start),
-        ..Detection::new(Det::FuzzyRepeat, u64::from(cur.fuzzy), count, p.threshold)
+    (count >= needed(for_record(p.threshold, cur), allowance, count, start + 1)).then(|| {
+        Detection {
+            tool: Some(cur.tool),
+            involved: Involved::Fuzzy(cur.fuzzy),
+            start_seq: w.seq(start),
+            ..Detection::new(
+                Det::FuzzyRepeat,
+                u64::from(cur.fuzzy),
+                count,
+                for_record(p.threshold, cur),
+            )
+        }
     })
 }
 
@@ -263,11 +277,16 @@ pub fn interleaved(w: &Window<'_>, p: &Interleaved, allowance: u32) -> Option<De
         count += 1;
         start = k;
     }
-    (gap && count >= p.threshold.saturating_add(allowance)).then(|| Detection {
+    (gap && count >= for_record(p.threshold, cur).saturating_add(allowance)).then(|| Detection {
         tool: Some(cur.tool),
         involved: Involved::Exact(cur.exact),
         start_seq: w.seq(start),
-        ..Detection::new(Det::Interleaved, u64::from(cur.exact), count, p.threshold)
+        ..Detection::new(
+            Det::Interleaved,
+            u64::from(cur.exact),
+            count,
+            for_record(p.threshold, cur),
+        )
     })
 }
 
@@ -565,41 +584,53 @@ fn scan_window(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> 
         };
     let found = Scan {
         exact: (exact_on
-            && exact.count >= needed(pe.threshold, allowance, exact.count, exact.start + 1))
+            && exact.count
+                >= needed(
+                    for_record(pe.threshold, cur),
+                    allowance,
+                    exact.count,
+                    exact.start + 1,
+                ))
         .then(|| {
             let e = cur.exact;
             detection(
                 Det::ExactRepeat,
                 u64::from(e),
                 exact.count,
-                pe.threshold,
+                for_record(pe.threshold, cur),
                 Involved::Exact(e),
                 exact.start,
             )
         }),
         fuzzy: (fuzzy_on
-            && fuzzy.count >= needed(pf.threshold, allowance, fuzzy.count, fuzzy.start + 1))
+            && fuzzy.count
+                >= needed(
+                    for_record(pf.threshold, cur),
+                    allowance,
+                    fuzzy.count,
+                    fuzzy.start + 1,
+                ))
         .then(|| {
             let f = cur.fuzzy;
             detection(
                 Det::FuzzyRepeat,
                 u64::from(f),
                 fuzzy.count,
-                pf.threshold,
+                for_record(pf.threshold, cur),
                 Involved::Fuzzy(f),
                 fuzzy.start,
             )
         }),
         interleaved: (inter_on
             && inter.gap
-            && inter.count >= pi.threshold.saturating_add(allowance))
+            && inter.count >= for_record(pi.threshold, cur).saturating_add(allowance))
         .then(|| {
             let e = cur.exact;
             detection(
                 Det::Interleaved,
                 u64::from(e),
                 inter.count,
-                pi.threshold,
+                for_record(pi.threshold, cur),
                 Involved::Exact(e),
                 inter.start,
             )
@@ -636,7 +667,7 @@ mod tests {
                 sketch: [0u64, 1, 0xff, 0xffff_0000_0000][sketch],
                 time: 0,
                 tool,
-                flags: flags & 0xfff,
+                flags: flags & 0x3fff,
             },
         )
     }

@@ -39,6 +39,23 @@ pub mod flag {
     pub const SKETCH: u16 = 1 << 11;
     /// A shell command that only shows the state of the work (`shell.state_queries`).
     pub const QUERY: u16 = 1 << 12;
+    /// A shell command line that waits and then looks (`sleep 30 && gh run view 42`).
+    pub const POLL: u16 = 1 << 13;
+}
+
+/// How many times their threshold the repeat detectors (`exact_repeat`, `fuzzy_repeat`,
+/// `interleaved`, `no_progress`, `error_cascade`) need before they flag a poll
+/// (`flag::POLL`): what it looks at changes by itself, and waiting for it takes a few looks.
+pub const POLL_SLACK: u32 = 2;
+
+/// The threshold of a repeat detector for the record `r`: [`POLL_SLACK`] times `threshold`
+/// for a poll.
+pub fn for_record(threshold: u32, r: &Record) -> u32 {
+    if r.has(flag::POLL) {
+        threshold.saturating_mul(POLL_SLACK)
+    } else {
+        threshold
+    }
 }
 
 /// The count a repeat needs: `threshold` (plus the user's `allowance`) for repeats back to

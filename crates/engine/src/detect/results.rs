@@ -3,7 +3,7 @@
 
 use loopguard_rules::config::{Counted, SameOutcome, TestFix};
 
-use super::{Det, Detection, Involved, Record, Window, flag, needed};
+use super::{Det, Detection, Involved, Record, Window, flag, for_record, needed};
 
 fn older<'a>(w: &Window<'a>, k: usize) -> impl Iterator<Item = (usize, &'a Record)> + 'a {
     let w = *w;
@@ -31,11 +31,18 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
         count += 1;
         start = i;
     }
-    (count >= needed(p.threshold, allowance, count, start - k + 1)).then(|| Detection {
-        tool: Some(r.tool),
-        involved: Involved::Exact(r.exact),
-        start_seq: w.seq(start),
-        ..Detection::new(Det::NoProgress, u64::from(r.exact), count, p.threshold)
+    (count >= needed(for_record(p.threshold, r), allowance, count, start - k + 1)).then(|| {
+        Detection {
+            tool: Some(r.tool),
+            involved: Involved::Exact(r.exact),
+            start_seq: w.seq(start),
+            ..Detection::new(
+                Det::NoProgress,
+                u64::from(r.exact),
+                count,
+                for_record(p.threshold, r),
+            )
+        }
     })
 }
 
@@ -66,11 +73,17 @@ pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detecti
         count += 1;
         start = i;
     }
-    (distinct && count >= p.threshold).then(|| Detection {
+    // Every counted result has this one's digest: all errors, or all empty answers.
+    let threshold = if r.has(flag::ERROR) {
+        p.threshold
+    } else {
+        p.empty_threshold
+    };
+    (distinct && count >= threshold).then(|| Detection {
         tool: Some(r.tool),
         involved: Involved::Digest(r.digest),
         start_seq: w.seq(start),
-        ..Detection::new(Det::SameOutcome, u64::from(r.digest), count, p.threshold)
+        ..Detection::new(Det::SameOutcome, u64::from(r.digest), count, threshold)
     })
 }
 
@@ -91,12 +104,17 @@ pub fn error_cascade(w: &Window<'_>, k: usize, p: &Counted) -> Option<Detection>
         count += 1;
         start = i;
     }
-    (count >= p.threshold).then(|| Detection {
+    (count >= for_record(p.threshold, r)).then(|| Detection {
         tool: Some(r.tool),
         involved: Involved::Tool(r.tool),
         start_seq: w.seq(start),
         file_tools_hint: r.has(flag::SHELL) && r.has(flag::FILE_OP),
-        ..Detection::new(Det::ErrorCascade, u64::from(r.tool), count, p.threshold)
+        ..Detection::new(
+            Det::ErrorCascade,
+            u64::from(r.tool),
+            count,
+            for_record(p.threshold, r),
+        )
     })
 }
 

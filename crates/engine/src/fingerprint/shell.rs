@@ -240,7 +240,9 @@ impl FingerprintRules {
             .map(|w| w.rsplit('/').next().unwrap_or(w))
             .unwrap_or("");
         keys.file_op = contains(&sh.file_operation_commands, first);
-        if !self.complex(cmd) {
+        if self.complex(cmd) {
+            keys.poll = self.polls(cmd);
+        } else {
             keys.wait = contains(&sh.wait_commands, first);
             if contains(&sh.file_read_commands, first)
                 && let Some(path) = single_operand(cmd)
@@ -279,6 +281,29 @@ impl FingerprintRules {
     /// src/a.rs` asks about one file, and a review going file by file learns something new
     /// each time). A command that also modifies is not one: the caller asks
     /// [`FingerprintRules::modifies`] first.
+    /// Whether a command line waits and then looks: one of its commands is a wait command
+    /// (`shell.wait_commands`, also as the body of a loop: `do sleep 2`) and another is not
+    /// (`sleep 30 && gh run view 42`, `until curl -sf host; do sleep 2; done`).
+    pub(super) fn polls(&self, cmd: &str) -> bool {
+        let waits = &self.shell.wait_commands;
+        if !waits.iter().any(|w| cmd.contains(&**w)) {
+            return false;
+        }
+        let (mut wait, mut look) = (false, false);
+        for segment in Segments::new(cmd) {
+            // The command of a segment, past the shell's own words (`until`, `do`, …).
+            let first = segment
+                .split_whitespace()
+                .find(|w| !matches!(*w, "if" | "then" | "else" | "while" | "until" | "do"));
+            match first.map(|w| w.rsplit('/').next().unwrap_or(w)) {
+                None | Some("done" | "fi" | "for" | "true" | ":") => {}
+                Some(w) if contains(waits, w) => wait = true,
+                Some(_) => look = true,
+            }
+        }
+        wait && look
+    }
+
     pub(super) fn queries(&self, cmd: &str) -> bool {
         let list = &self.shell.state_queries;
         // A line none of whose commands can be a query (most lines: no `git` in them) is

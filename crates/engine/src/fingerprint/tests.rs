@@ -277,6 +277,30 @@ fn volatile_url_parameters_do_not_make_a_new_call() {
 fn wait_and_test_commands_are_recognized() {
     assert!(keys("bash", &json!({"command": "sleep 30"})).wait);
     assert!(!keys("bash", &json!({"command": "sleep 3; ls"})).wait);
+    // A time limit is no wait: `timeout 60 pytest` is the test run.
+    assert!(!keys("bash", &json!({"command": "timeout 60 pytest -x"})).wait);
+    let poll = |cmd: &str| keys("bash", &json!({ "command": cmd })).poll;
+    for cmd in [
+        "sleep 3; ls",
+        "sleep 30 && gh run view 42",
+        "/bin/sleep 5 && curl -s localhost:8080/health",
+        "until curl -sf localhost:8080; do sleep 2; done",
+        "for i in 1 2 3; do kubectl get pods; sleep 5; done",
+        "curl -s host/status || (sleep 5; curl -s host/status)",
+    ] {
+        assert!(poll(cmd), "{cmd}");
+        let codex = keys("shell", &json!({"command": ["bash", "-lc", cmd]}));
+        assert!(codex.poll, "{cmd} as an argument vector");
+    }
+    for cmd in [
+        "sleep 30",
+        "ls -la && cat sleepy.txt",
+        "grep -r sleep src | head",
+        "sleep 1; sleep 2",
+        "cargo test",
+    ] {
+        assert!(!poll(cmd), "{cmd}");
+    }
     assert!(keys("bash", &json!({"command": "cargo test -p x"})).test);
     assert!(!keys("bash", &json!({"command": "cargo build"})).test);
 }

@@ -28,6 +28,7 @@ impl Session {
         let mut flags = 0;
         for (on, f) in [
             (keys.wait, flag::WAIT),
+            (keys.poll, flag::POLL),
             (keys.test, flag::TEST),
             (keys.file_op, flag::FILE_OP),
             (keys.query, flag::QUERY),
