@@ -158,6 +158,8 @@ impl Plugins {
                     .call_id(c.call_id)
                     .tool(c.tool)
                     .shell(tool.keys.shell)
+                    // The window's newest record is this call.
+                    .batched(w.get(0).is_some_and(|r| r.has(crate::detect::flag::BATCH)))
                     .arguments(args)
                     .fingerprints(u64::from(keys.exact as u32), u64::from(keys.fuzzy as u32))
                     .window(window);
@@ -186,6 +188,7 @@ impl Plugins {
                     .tool(tool.map_or("", |t| &*t.name))
                     .result(r.output, r.is_error, r.exit_code)
                     .shell(rec.has(crate::detect::flag::SHELL))
+                    .batched(rec.has(crate::detect::flag::BATCH))
                     .fingerprints(u64::from(rec.exact), u64::from(rec.fuzzy))
                     .result_digest(digest)
                     .window(window);

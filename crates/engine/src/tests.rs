@@ -616,6 +616,88 @@ fn different_searches_with_nothing_found_are_same_outcome_at_the_empty_threshold
 }
 
 #[test]
+fn calls_of_one_message_are_one_try_for_same_outcome_and_error_cascade() {
+    // Five reads in one assistant message: the model made them all before it saw any result.
+    let mut h = H::default();
+    for batch in 0..2 {
+        let ids: Vec<String> = (0..5)
+            .map(|i| {
+                let path = format!("pkg{batch}/m{i}/__init__.py");
+                h.call("read_file", json!({ "path": path })).1
+            })
+            .collect();
+        for id in &ids {
+            let r = h.result(id, "", false);
+            assert!(r.is_allow(), "batch {batch}: {r:?}");
+        }
+    }
+    let ids: Vec<String> = (0..5)
+        .map(|i| {
+            h.call("read_file", json!({ "path": format!("gone/{i}.py") }))
+                .1
+        })
+        .collect();
+    for id in &ids {
+        let r = h.result(id, "ENOENT: no such file or directory", true);
+        assert!(r.is_allow(), "{r:?}");
+    }
+    // The same reads one after another, each seen before the next: a run of tries.
+    let mut h = H::default();
+    let mut verdicts = Vec::new();
+    for i in 0..5 {
+        let path = format!("pkg/m{i}/__init__.py");
+        verdicts.push(h.run("read_file", json!({ "path": path }), "", false).1);
+    }
+    assert_eq!(det(&verdicts[4]), Some("same_outcome"), "{verdicts:?}");
+}
+
+#[test]
+fn different_searches_with_the_same_hits_are_same_outcome_for_tools_that_look() {
+    let hits = "1. Lithium-ion battery recycling rates 2023 (IEA) https://www.iea.org/reports/batteries-2023: \
+        globally around five percent of lithium-ion batteries were recycled, with Europe ahead of \
+        other regions.\n2. Battery recycling market report https://example.org/battery-market: the \
+        recycling market is projected to grow through the decade as collection improves.";
+    let mut h = H::default();
+    let queries = [
+        "EU lithium-ion battery recycling rate 2023",
+        "share of Li-ion batteries recycled EU 2023",
+        "European lithium-ion battery recycling statistics 2023",
+        "percentage of lithium-ion batteries recycled in Europe 2023",
+    ];
+    for (i, q) in queries.into_iter().enumerate() {
+        let (_, r) = h.run("web_search", json!({ "query": q }), hits, false);
+        if i < 3 {
+            assert!(r.is_allow(), "{q}: {r:?}");
+        } else {
+            assert_eq!(det(&r), Some("same_outcome"), "{r:?}");
+            assert_eq!(r.count, 4);
+        }
+    }
+    // An editing tool's answer is not counted (`include_success` is the exploration
+    // category's), nor is a short acknowledgement.
+    let mut h = H::default();
+    for i in 0..6 {
+        let path = format!("src/m{i}.rs");
+        let (_, r) = h.run(
+            "edit_file",
+            json!({ "path": path, "old": "a", "new": "b" }),
+            hits,
+            false,
+        );
+        assert!(r.is_allow(), "{r:?}");
+    }
+    for i in 0..6 {
+        let (_, r) = h.run(
+            "read_file",
+            json!({ "path": format!("src/n{i}.rs") }),
+            "ok",
+            false,
+        );
+        assert!(r.is_allow(), "{r:?}");
+    }
+}
+
+#[test]
 fn a_poll_is_a_repeat_only_at_twice_the_threshold() {
     let poll = "sleep 10 && kubectl rollout status deploy/api --timeout=5s";
     let waiting = "Waiting for deployment \"api\" rollout to finish: 1 of 3 updated replicas are available...\nerror: timed out waiting for the condition";

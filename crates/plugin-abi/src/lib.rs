@@ -318,8 +318,12 @@ pub struct EventView {
     /// else 0. A shell command printing nothing succeeded quietly: it found no empty answer.
     /// Hosts older than this field leave it 0.
     pub is_shell: u8,
+    /// 1 if the call (or the call a RESULT answers) was made before the previous call's result
+    /// came back: both were decided together, in one assistant message, before the model saw
+    /// either outcome (CALL and RESULT), else 0. Hosts older than this field leave it 0.
+    pub batched: u8,
     /// Always 0 (explicit padding, so the layout has no uninitialized bytes on 64-bit targets).
-    pub reserved: [u8; 5],
+    pub reserved: [u8; 4],
     /// Event time in milliseconds, supplied by the agent host (monotonic within a session).
     pub time_ms: u64,
     /// The session the event belongs to.
@@ -358,7 +362,8 @@ impl EventView {
             is_error: 0,
             has_exit_code: 0,
             is_shell: 0,
-            reserved: [0; 5],
+            batched: 0,
+            reserved: [0; 4],
             time_ms: 0,
             session: StrRef::EMPTY,
             call_id: StrRef::EMPTY,

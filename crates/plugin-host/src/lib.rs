@@ -746,6 +746,12 @@ impl<'a> EventView<'a> {
         self
     }
 
+    /// Whether the call was made before the previous call's result came back.
+    pub fn batched(mut self, batched: bool) -> Self {
+        self.raw.batched = u8::from(batched);
+        self
+    }
+
     /// Assistant or user text.
     pub fn text(mut self, text: &'a str) -> Self {
         self.raw.text = StrRef::new(text);
@@ -898,11 +904,12 @@ mod tests {
             .tool("t")
             .result("out", true, Some(2))
             .shell(true)
+            .batched(true)
             .window(&window);
         let raw = &ev.raw;
         assert_eq!(raw.kind, abi::event_kind::RESULT);
         assert_eq!((raw.is_error, raw.has_exit_code, raw.exit_code), (1, 1, 2));
-        assert_eq!(raw.is_shell, 1);
+        assert_eq!((raw.is_shell, raw.batched), (1, 1));
         assert_eq!(raw.result.len, 3);
         assert_eq!(raw.window_len, 1);
         assert_eq!(raw.time_ms, 5);

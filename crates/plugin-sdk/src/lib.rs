@@ -210,6 +210,9 @@ pub struct Event<'a> {
     pub exit_code: Option<i32>,
     /// The call's tool runs shell commands (the policy's `shell.tools`).
     pub is_shell: bool,
+    /// The call (or the call a result answers) was made before the previous call's result came
+    /// back: the two were decided together (one assistant message).
+    pub batched: bool,
     /// Event time in milliseconds, as the host reports it (not necessarily wall-clock time).
     pub time_ms: u64,
     /// Exact fingerprint of the call (0 if unknown).
@@ -236,6 +239,7 @@ impl<'a> Event<'a> {
             is_error: false,
             exit_code: None,
             is_shell: false,
+            batched: false,
             time_ms: 0,
             exact: 0,
             fuzzy: 0,
@@ -433,6 +437,7 @@ pub mod __glue {
                 is_error: raw.is_error != 0,
                 exit_code: (raw.has_exit_code != 0).then_some(raw.exit_code),
                 is_shell: raw.is_shell != 0,
+                batched: raw.batched != 0,
                 time_ms: raw.time_ms,
                 exact: raw.exact,
                 fuzzy: raw.fuzzy,

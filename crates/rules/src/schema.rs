@@ -534,6 +534,13 @@ detector_section! {
         /// the Nth different call in a row answered with the same empty result is flagged
         /// (searching for what is not there takes a few tries)
         empty_threshold: u32 = COUNT, "5";
+        /// count the same answer (of 32 words or more) from different calls too, not only errors
+        /// and empty results (for tools that look: different searches with the same hits learn
+        /// nothing new; an editing tool's fixed acknowledgement repeats in healthy work)
+        include_success: bool = BOOL, "false";
+        /// with `include_success`, the Nth different call in a row with the same answer is
+        /// flagged
+        success_threshold: u32 = COUNT, "4";
     }
 }
 

@@ -462,6 +462,8 @@ struct Entry {
     sketch: Sketch,
     /// A failed or empty result.
     bad: bool,
+    /// Its call was decided together with the previous one (one assistant message).
+    batched: bool,
 }
 
 #[derive(Debug, Default)]
@@ -527,16 +529,25 @@ impl Results {
             group,
             sketch,
             bad,
+            batched: ev.batched,
         });
         if self.config.failures_only && !bad {
             return None;
         }
         let failures_only = self.config.failures_only;
-        let members = session
-            .entries
-            .iter()
-            .filter(|e| e.group == group && (e.bad || !failures_only));
-        let count = members.clone().count();
+        let member = |e: &Entry| e.group == group && (e.bad || !failures_only);
+        let members = session.entries.iter().filter(|e| member(e));
+        // Calls decided together (one assistant message) are one try: a member counts unless
+        // it was made with the previous result's call and that one is a member too.
+        let mut count = 0usize;
+        let mut previous_member = false;
+        for e in &session.entries {
+            let m = member(e);
+            if m && !(e.batched && previous_member) {
+                count += 1;
+            }
+            previous_member = m;
+        }
         // Calls the host could not identify (0) count as different ones.
         let different_calls = members.clone().any(|e| e.call == 0 || e.call != call);
         let needed = if bad && !failed {
@@ -696,6 +707,24 @@ mod tests {
         let mut d = Results::new(serde_json::json!({"empty_min_count": 2})).unwrap();
         assert!(d.on_event(&result("search", "[]", 1)).is_none());
         assert!(d.on_event(&result("search", "[]", 2)).is_some());
+    }
+
+    /// Searches sent together in one assistant message were decided before any came back:
+    /// however many find nothing, they are one try.
+    #[test]
+    fn calls_of_one_message_are_one_try() {
+        let mut d = detector();
+        for exact in 1..=6 {
+            let mut ev = result("grep", "No matches found.", exact);
+            ev.batched = exact > 1;
+            assert!(d.on_event(&ev).is_none(), "search {exact}");
+        }
+        // Four more, each after the previous one's answer: five tries in all.
+        let hits: Vec<_> = (7..=10)
+            .map(|exact| d.on_event(&result("grep", "No matches found.", exact)))
+            .collect();
+        assert!(hits[2].is_none() && hits[3].is_some(), "{hits:?}");
+        assert_eq!(hits[3].as_ref().unwrap().count, 5);
     }
 
     /// `git add`, `mkdir` and `git diff --check` print nothing when they succeed: three

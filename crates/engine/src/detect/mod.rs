@@ -41,6 +41,9 @@ pub mod flag {
     pub const QUERY: u16 = 1 << 12;
     /// A shell command line that waits and then looks (`sleep 30 && gh run view 42`).
     pub const POLL: u16 = 1 << 13;
+    /// The call was made before the previous call's result came back (calls of one assistant
+    /// message): the model decided both before it saw either outcome.
+    pub const BATCH: u16 = 1 << 14;
 }
 
 /// How many times their threshold the repeat detectors (`exact_repeat`, `fuzzy_repeat`,

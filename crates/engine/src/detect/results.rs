@@ -55,29 +55,61 @@ fn bad(r: &Record, include_empty: bool) -> bool {
     r.ran() && (r.has(flag::ERROR) || (include_empty && r.has(flag::EMPTY) && !r.has(flag::SHELL)))
 }
 
+/// What `same_outcome` counts of a result: an error, an empty answer, or (with
+/// `include_success`) an answer with something in it (long enough to have a sketch: a short
+/// acknowledgement such as `ok` repeats in healthy work).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Error,
+    Empty,
+    Answer,
+}
+
+fn outcome(r: &Record, p: &SameOutcome) -> Option<Outcome> {
+    if bad(r, p.include_empty) {
+        Some(if r.has(flag::ERROR) {
+            Outcome::Error
+        } else {
+            Outcome::Empty
+        })
+    } else if p.include_success && r.ran() && r.has(flag::SKETCH) {
+        Some(Outcome::Answer)
+    } else {
+        None
+    }
+}
+
+/// `same_outcome`: different calls in a row with the same outcome: the same error, the same
+/// empty answer, or (`include_success`) the same answer. Calls decided together (made before
+/// the previous one's result came back: one assistant message) are one try: the model saw
+/// none of their outcomes before it made them.
 pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detection> {
     let r = w.get(k)?;
-    if !p.enabled || !bad(r, p.include_empty) {
+    if !p.enabled {
         return None;
     }
+    let kind = outcome(r, p)?;
     let mut count = 1u32;
     let mut start = k;
     let mut distinct = false;
+    let mut newer = r;
     for (i, o) in older(w, k).filter(|(_, o)| o.ran()) {
         let same = o.digest == r.digest
             || (r.has(flag::ERROR) && o.has(flag::ERROR) && r.near_duplicate(o));
-        if !bad(o, p.include_empty) || !same {
+        if outcome(o, p) != Some(kind) || !same {
             break;
         }
         distinct |= o.exact != r.exact;
-        count += 1;
+        if !newer.has(flag::BATCH) {
+            count += 1;
+        }
+        newer = o;
         start = i;
     }
-    // Every counted result has this one's digest: all errors, or all empty answers.
-    let threshold = if r.has(flag::ERROR) {
-        p.threshold
-    } else {
-        p.empty_threshold
+    let threshold = match kind {
+        Outcome::Error => p.threshold,
+        Outcome::Empty => p.empty_threshold,
+        Outcome::Answer => p.success_threshold,
     };
     (distinct && count >= threshold).then(|| Detection {
         tool: Some(r.tool),
@@ -95,13 +127,18 @@ pub fn error_cascade(w: &Window<'_>, k: usize, p: &Counted) -> Option<Detection>
     }
     let mut count = 1u32;
     let mut start = k;
+    let mut newer = r;
     for (i, o) in
         older(w, k).filter(|(_, o)| o.tool == r.tool && o.real_result() && !o.has(flag::TEST))
     {
         if !o.has(flag::ERROR) {
             break;
         }
-        count += 1;
+        // Calls decided together (one assistant message) are one try.
+        if !newer.has(flag::BATCH) {
+            count += 1;
+        }
+        newer = o;
         start = i;
     }
     (count >= for_record(p.threshold, r)).then(|| Detection {

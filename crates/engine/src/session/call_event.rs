@@ -42,6 +42,15 @@ impl Session {
                 flags |= f;
             }
         }
+        // Made before the previous call's result came back: the two were decided together
+        // (calls of one assistant message).
+        if self
+            .newest_index()
+            .and_then(|i| self.ring.get(i))
+            .is_some_and(|r| !r.has(flag::RESULT))
+        {
+            flags |= flag::BATCH;
+        }
         self.push(Record {
             exact: keys.exact as u32,
             fuzzy: keys.fuzzy as u32,
