@@ -1297,20 +1297,30 @@ fn a_user_message_that_changes_the_outcome_restarts_the_counts() {
 /// nothing: the identical calls between them are one loop.
 #[test]
 fn automated_prompts_do_not_reset_counts() {
-    let mut h = H::default();
-    let args = json!({"query": "status of order 4411"});
-    let mut first = None;
-    for i in 0..4 {
-        let (c, _) = h.run("search_orders", args.clone(), "order 4411: pending", false);
-        if !c.is_allow() && first.is_none() {
-            first = Some(i + 1);
+    let prompts = [
+        "Please continue.",
+        "Observation: done",
+        "continue",
+        // smolagents: a failed step's observation, and the prompt after a plan.
+        "Call id: call_7\nError:\nTool search_orders failed.\nNow let's retry: take care not to repeat previous errors! If you have retried several times, try a completely different approach.\n",
+        "Error:\nUnknown order.\nNow let's retry: take care not to repeat previous errors! If you have retried several times, try a completely different approach.\n",
+        "Now proceed and carry out this plan.",
+        // SWE-agent: an observation with its shell prompt.
+        "Order 4411 is pending.\n(Open file: /repo/orders.py)\n(Current directory: /repo)\nbash-$",
+    ];
+    for prompt in prompts {
+        let mut h = H::default();
+        let args = json!({"query": "status of order 4411"});
+        let mut first = None;
+        for i in 0..4 {
+            let (c, _) = h.run("search_orders", args.clone(), "order 4411: pending", false);
+            if !c.is_allow() && first.is_none() {
+                first = Some(i + 1);
+            }
+            h.user(prompt, false);
         }
-        h.user(
-            ["Please continue.", "Observation: done", "continue"][i % 3],
-            false,
-        );
+        assert_eq!(first, Some(3), "{prompt}");
     }
-    assert_eq!(first, Some(3));
 }
 
 /// A result that differs only by a counter, an elapsed time and an opaque id is not a change.
