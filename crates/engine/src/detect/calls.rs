@@ -293,16 +293,30 @@ pub fn unknown_tool(w: &Window<'_>, p: &UnknownTool, unknown: bool) -> Option<De
 }
 
 /// Every detector that runs when a call arrives, in detector order: exact_repeat,
-/// fuzzy_repeat, cycle, interleaved, unknown_tool, stagnation. A call that is an exact repeat
-/// is not also reported as a fuzzy one. `unknown`: see [`scan`].
+/// fuzzy_repeat, cycle, interleaved, unknown_tool, stagnation; `None` when none of them found a
+/// loop. A call that is an exact repeat is not also reported as a fuzzy one. `unknown`: see
+/// [`scan`].
 pub fn detect(
     w: &Window<'_>,
     d: &Detectors,
     allowance: u32,
     unknown: bool,
-) -> [Option<Detection>; 6] {
+) -> Option<[Option<Detection>; 6]> {
+    let cur = w.get(0)?;
+    // Most calls share no key with any other live call. Then only a threshold of one, a
+    // counted tool or a run of state queries can make a detector fire, and the window is
+    // looked at once, for the keys alone.
+    let waiting = cur.has(flag::WAIT);
+    let at_once = |on: bool, threshold: u32| on && threshold.saturating_add(allowance) <= 1;
+    let (pe, pf) = (&d.exact_repeat, &d.fuzzy_repeat);
+    let lone_fires = (d.unknown_tool.enabled && unknown)
+        || (d.stagnation.enabled && cur.has(flag::QUERY))
+        || (!waiting && (at_once(pe.enabled, pe.threshold) || at_once(pf.enabled, pf.threshold)));
+    if !lone_fires && !shared(w, cur, false) {
+        return None;
+    }
     let (found, repeated) = scan_window(w, d, allowance, unknown);
-    [
+    let all = [
         found.exact,
         found.fuzzy.filter(|_| found.exact.is_none()),
         // A cycle's first step is the current call one period back: none without another
@@ -311,7 +325,53 @@ pub fn detect(
         found.interleaved,
         found.unknown,
         stagnation(w, &d.stagnation, allowance),
-    ]
+    ];
+    all.iter().any(Option::is_some).then_some(all)
+}
+
+/// The live records as two slices, `(newer, older)`: newest first is `newer` backwards, then
+/// `older` backwards.
+fn live_parts<'a>(w: &Window<'a>) -> (&'a [Record], &'a [Record]) {
+    let (newer, older) = w.parts();
+    let live = w.len();
+    match newer.len().checked_sub(live) {
+        Some(skip) => (newer.get(skip..).unwrap_or_default(), &[][..]),
+        None => (
+            newer,
+            older
+                .get(older.len().saturating_sub(live - newer.len())..)
+                .unwrap_or_default(),
+        ),
+    }
+}
+
+/// Whether a live call other than the current one `cur` (the newest) has its exact or its
+/// fuzzy key, or, with `tool`, its tool.
+fn shared(w: &Window<'_>, cur: &Record, tool: bool) -> bool {
+    let (newer, older) = live_parts(w);
+    // The current call is the last record of the first part that has any.
+    let (newer, older) = match newer.split_last() {
+        Some((_, rest)) => (rest, older),
+        None => (newer, older.split_last().map_or(&[][..], |(_, rest)| rest)),
+    };
+    if tool {
+        let shares =
+            |r: &Record| r.exact == cur.exact || r.fuzzy == cur.fuzzy || r.tool == cur.tool;
+        return newer.iter().any(shares) || older.iter().any(shares);
+    }
+    // Both keys in one word, compared at once: a half of `x` that is zero (a key that matches)
+    // sets its top bit in `(x - LOW) & !x`, a nonzero half does not, and a borrow out of the
+    // low half happens only when the low half is zero. No early exit, so the loop is
+    // vectorized.
+    const LOW: u64 = 0x0000_0001_0000_0001;
+    const TOP: u64 = 0x8000_0000_8000_0000;
+    let keys = |r: &Record| u64::from(r.exact) | u64::from(r.fuzzy) << 32;
+    let want = keys(cur);
+    let zero_half = |acc: u64, r: &Record| {
+        let x = keys(r) ^ want;
+        acc | (x.wrapping_sub(LOW) & !x)
+    };
+    (newer.iter().fold(0, zero_half) | older.iter().fold(0, zero_half)) & TOP != 0
 }
 
 /// The loop key of `stagnation`: one loop per session, however the queries are spelled.
@@ -484,26 +544,13 @@ fn scan_window(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> 
     // Most windows hold no other call with the current call's keys (or tool, when its calls
     // are counted): then every count is the current call's alone, which one pass over the
     // records' keys, with no state to keep, settles.
-    let (newer, older) = w.parts();
-    let live = w.len();
-    let (newer, older) = match newer.len().checked_sub(live) {
-        Some(skip) => (newer.get(skip..).unwrap_or_default(), &[][..]),
-        None => (
-            newer,
-            older
-                .get(older.len().saturating_sub(live - newer.len())..)
-                .unwrap_or_default(),
-        ),
-    };
-    let shares = |r: &&Record| {
-        (r.exact == cur.exact) | (r.fuzzy == cur.fuzzy) | (count_tool & (r.tool == cur.tool))
-    };
-    // The current call shares its own keys.
-    let alone = newer.iter().filter(shares).count() + older.iter().filter(shares).count() <= 1;
-    let repeated = !alone
-        && newer.iter().filter(|r| r.exact == cur.exact).count()
+    let alone = !shared(w, cur, count_tool);
+    let repeated = !alone && {
+        let (newer, older) = live_parts(w);
+        newer.iter().filter(|r| r.exact == cur.exact).count()
             + older.iter().filter(|r| r.exact == cur.exact).count()
-            > 1;
+            > 1
+    };
 
     for k in (1..w.len()).take_while(|_| !alone) {
         if !(exact.on || fuzzy.on || inter.on || count_tool) {
@@ -709,8 +756,20 @@ mod tests {
             d.cycle.min_period = 2;
             d.cycle.max_period = 4;
             d.cycle.repetitions = 2;
-            let [_, _, found, ..] = detect(&w, &d, allowance, unknown);
+            let all = detect(&w, &d, allowance, unknown);
+            let [_, _, found, ..] = all.unwrap_or_default();
             prop_assert_eq!(found, cycle(&w, &d.cycle, allowance));
+            // `detect` answers as the detectors one by one, and `None` when none fired.
+            let exact = exact_repeat(&w, &d.exact_repeat, allowance);
+            let each = [
+                exact,
+                fuzzy_repeat(&w, &d.fuzzy_repeat, allowance).filter(|_| exact.is_none()),
+                cycle(&w, &d.cycle, allowance),
+                interleaved(&w, &d.interleaved, allowance),
+                unknown_tool(&w, &d.unknown_tool, unknown),
+                stagnation(&w, &d.stagnation, allowance),
+            ];
+            prop_assert_eq!(all, each.iter().any(Option::is_some).then_some(each));
         }
     }
 }

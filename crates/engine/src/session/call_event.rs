@@ -57,34 +57,43 @@ impl Session {
         let w = self.window(now);
         let a = self.allowance;
         let unknown = !tool.known || self.unknown.contains(&tool.id);
-        let [exact, fuzzy, cycle, interleaved, unknown_tool, stagnation] =
-            calls::detect(&w, det, a, unknown);
-        let unknown_tool = unknown_tool.map(|d| by_name(d, &tool.name));
+        let found = calls::detect(&w, det, a, unknown);
         // The group loop comes last: on a tie the session's own detectors win.
         let group_loop = match &group {
             GroupCheck::Loop(d) => Some(*d),
             GroupCheck::Quiet | GroupCheck::Unavailable => None,
         };
-        let mut cands = [
-            exact,
-            fuzzy,
-            cycle,
-            interleaved,
-            unknown_tool,
-            stagnation,
-            group_loop,
-        ];
-        drop_exempt(&tool, &mut cands);
         let hits = rules.plugins.on_call(c, &keys, &tool, &w);
-        let (mut verdict, _) = self.escalate(
-            &rules,
-            &cands,
-            hits,
-            tool.category,
-            u64::from(seq),
-            Some(c),
-            now,
-        );
+        let mut verdict = if found.is_none() && group_loop.is_none() && hits.detections.is_empty() {
+            // Nothing to escalate.
+            Verdict {
+                notes: hits.notes,
+                ..Verdict::allow()
+            }
+        } else {
+            let [exact, fuzzy, cycle, interleaved, unknown_tool, stagnation] =
+                found.unwrap_or_default();
+            let mut cands = [
+                exact,
+                fuzzy,
+                cycle,
+                interleaved,
+                unknown_tool.map(|d| by_name(d, &tool.name)),
+                stagnation,
+                group_loop,
+            ];
+            drop_exempt(&tool, &mut cands);
+            self.escalate(
+                &rules,
+                &cands,
+                hits,
+                tool.category,
+                u64::from(seq),
+                Some(c),
+                now,
+            )
+            .0
+        };
         if let Some(armed) = self.armed.take()
             && armed.tool == tool.id
             && armed.verdict.action > verdict.action
