@@ -348,30 +348,33 @@ fn live_parts<'a>(w: &Window<'a>) -> (&'a [Record], &'a [Record]) {
 /// Whether a live call other than the current one `cur` (the newest) has its exact or its
 /// fuzzy key, or, with `tool`, its tool.
 fn shared(w: &Window<'_>, cur: &Record, tool: bool) -> bool {
-    let (newer, older) = live_parts(w);
-    // The current call is the last record of the first part that has any.
-    let (newer, older) = match newer.split_last() {
-        Some((_, rest)) => (rest, older),
-        None => (newer, older.split_last().map_or(&[][..], |(_, rest)| rest)),
-    };
     if tool {
+        let (newer, older) = live_parts(w);
         let shares =
-            |r: &Record| r.exact == cur.exact || r.fuzzy == cur.fuzzy || r.tool == cur.tool;
-        return newer.iter().any(shares) || older.iter().any(shares);
+            |r: &&Record| r.exact == cur.exact || r.fuzzy == cur.fuzzy || r.tool == cur.tool;
+        // The current call shares its own keys.
+        return newer.iter().filter(shares).count() + older.iter().filter(shares).count() > 1;
     }
     // Both keys in one word, compared at once: a half of `x` that is zero (a key that matches)
-    // sets its top bit in `(x - LOW) & !x`, a nonzero half does not, and a borrow out of the
-    // low half happens only when the low half is zero. No early exit, so the loop is
-    // vectorized.
+    // sets its top bit in `(x - LOW) & !x`, and a nonzero half does not, except that a borrow
+    // out of a zero low half can set it in a high half of 1, when the low half matched anyway.
+    // Each half counts its matches, the current call's own among them; the loop has no exit
+    // and no branch, so it is vectorized.
     const LOW: u64 = 0x0000_0001_0000_0001;
-    const TOP: u64 = 0x8000_0000_8000_0000;
     let keys = |r: &Record| u64::from(r.exact) | u64::from(r.fuzzy) << 32;
     let want = keys(cur);
-    let zero_half = |acc: u64, r: &Record| {
+    let count = |n: u64, r: &Record| {
         let x = keys(r) ^ want;
-        acc | (x.wrapping_sub(LOW) & !x)
+        n + ((x.wrapping_sub(LOW) & !x) >> 31 & LOW)
     };
-    (newer.iter().fold(0, zero_half) | older.iter().fold(0, zero_half)) & TOP != 0
+    let n = if w.len() == w.buf.len() {
+        // The whole ring is live, in one slice.
+        w.buf.iter().fold(0, count)
+    } else {
+        let (newer, older) = live_parts(w);
+        newer.iter().fold(0, count) + older.iter().fold(0, count)
+    };
+    n & 0xffff_ffff > 1 || n >> 32 > 1
 }
 
 /// The loop key of `stagnation`: one loop per session, however the queries are spelled.

@@ -56,44 +56,46 @@ impl Session {
 
         let w = self.window(now);
         let a = self.allowance;
-        let unknown = !tool.known || self.unknown.contains(&tool.id);
+        let unknown = !tool.known || (!self.unknown.is_empty() && self.unknown.contains(&tool.id));
         let found = calls::detect(&w, det, a, unknown);
+        let hits = rules.plugins.on_call(c, &keys, &tool, &w);
+        if found.is_none()
+            && hits.detections.is_empty()
+            && matches!(group, GroupCheck::Quiet)
+            && self.armed.is_none()
+        {
+            // Nothing to escalate, and no refusal waiting.
+            return Verdict {
+                notes: hits.notes,
+                ..Verdict::allow()
+            };
+        }
+        let [exact, fuzzy, cycle, interleaved, unknown_tool, stagnation] =
+            found.unwrap_or_default();
         // The group loop comes last: on a tie the session's own detectors win.
         let group_loop = match &group {
             GroupCheck::Loop(d) => Some(*d),
             GroupCheck::Quiet | GroupCheck::Unavailable => None,
         };
-        let hits = rules.plugins.on_call(c, &keys, &tool, &w);
-        let mut verdict = if found.is_none() && group_loop.is_none() && hits.detections.is_empty() {
-            // Nothing to escalate.
-            Verdict {
-                notes: hits.notes,
-                ..Verdict::allow()
-            }
-        } else {
-            let [exact, fuzzy, cycle, interleaved, unknown_tool, stagnation] =
-                found.unwrap_or_default();
-            let mut cands = [
-                exact,
-                fuzzy,
-                cycle,
-                interleaved,
-                unknown_tool.map(|d| by_name(d, &tool.name)),
-                stagnation,
-                group_loop,
-            ];
-            drop_exempt(&tool, &mut cands);
-            self.escalate(
-                &rules,
-                &cands,
-                hits,
-                tool.category,
-                u64::from(seq),
-                Some(c),
-                now,
-            )
-            .0
-        };
+        let mut cands = [
+            exact,
+            fuzzy,
+            cycle,
+            interleaved,
+            unknown_tool.map(|d| by_name(d, &tool.name)),
+            stagnation,
+            group_loop,
+        ];
+        drop_exempt(&tool, &mut cands);
+        let (mut verdict, _) = self.escalate(
+            &rules,
+            &cands,
+            hits,
+            tool.category,
+            u64::from(seq),
+            Some(c),
+            now,
+        );
         if let Some(armed) = self.armed.take()
             && armed.tool == tool.id
             && armed.verdict.action > verdict.action
