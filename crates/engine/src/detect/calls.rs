@@ -296,6 +296,7 @@ pub fn unknown_tool(w: &Window<'_>, p: &UnknownTool, unknown: bool) -> Option<De
 /// fuzzy_repeat, cycle, interleaved, unknown_tool, stagnation; `None` when none of them found a
 /// loop. A call that is an exact repeat is not also reported as a fuzzy one. `unknown`: see
 /// [`scan`].
+#[inline]
 pub fn detect(
     w: &Window<'_>,
     d: &Detectors,
@@ -312,9 +313,20 @@ pub fn detect(
     let lone_fires = (d.unknown_tool.enabled && unknown)
         || (d.stagnation.enabled && cur.has(flag::QUERY))
         || (!waiting && (at_once(pe.enabled, pe.threshold) || at_once(pf.enabled, pf.threshold)));
-    if !lone_fires && !shared(w, cur, false) {
+    if !lone_fires && !shares_keys(w, cur) {
         return None;
     }
+    detect_all(w, d, allowance, unknown)
+}
+
+/// [`detect`] past its first look at the window's keys.
+#[inline(never)]
+fn detect_all(
+    w: &Window<'_>,
+    d: &Detectors,
+    allowance: u32,
+    unknown: bool,
+) -> Option<[Option<Detection>; 6]> {
     let (found, repeated) = scan_window(w, d, allowance, unknown);
     let all = [
         found.exact,
@@ -346,15 +358,9 @@ fn live_parts<'a>(w: &Window<'a>) -> (&'a [Record], &'a [Record]) {
 }
 
 /// Whether a live call other than the current one `cur` (the newest) has its exact or its
-/// fuzzy key, or, with `tool`, its tool.
-fn shared(w: &Window<'_>, cur: &Record, tool: bool) -> bool {
-    if tool {
-        let (newer, older) = live_parts(w);
-        let shares =
-            |r: &&Record| r.exact == cur.exact || r.fuzzy == cur.fuzzy || r.tool == cur.tool;
-        // The current call shares its own keys.
-        return newer.iter().filter(shares).count() + older.iter().filter(shares).count() > 1;
-    }
+/// fuzzy key.
+#[inline]
+fn shares_keys(w: &Window<'_>, cur: &Record) -> bool {
     // Both keys in one word, compared at once: a half of `x` that is zero (a key that matches)
     // sets its top bit in `(x - LOW) & !x`, and a nonzero half does not, except that a borrow
     // out of a zero low half can set it in a high half of 1, when the low half matched anyway.
@@ -375,6 +381,15 @@ fn shared(w: &Window<'_>, cur: &Record, tool: bool) -> bool {
         newer.iter().fold(0, count) + older.iter().fold(0, count)
     };
     n & 0xffff_ffff > 1 || n >> 32 > 1
+}
+
+/// Whether a live call other than the current one `cur` (the newest) has its exact or its
+/// fuzzy key or its tool.
+fn shares_keys_or_tool(w: &Window<'_>, cur: &Record) -> bool {
+    let (newer, older) = live_parts(w);
+    let shares = |r: &&Record| r.exact == cur.exact || r.fuzzy == cur.fuzzy || r.tool == cur.tool;
+    // The current call shares its own keys.
+    newer.iter().filter(shares).count() + older.iter().filter(shares).count() > 1
 }
 
 /// The loop key of `stagnation`: one loop per session, however the queries are spelled.
@@ -547,7 +562,11 @@ fn scan_window(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> 
     // Most windows hold no other call with the current call's keys (or tool, when its calls
     // are counted): then every count is the current call's alone, which one pass over the
     // records' keys, with no state to keep, settles.
-    let alone = !shared(w, cur, count_tool);
+    let alone = !if count_tool {
+        shares_keys_or_tool(w, cur)
+    } else {
+        shares_keys(w, cur)
+    };
     let repeated = !alone && {
         let (newer, older) = live_parts(w);
         newer.iter().filter(|r| r.exact == cur.exact).count()

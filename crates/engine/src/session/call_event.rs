@@ -6,16 +6,20 @@ use super::*;
 
 impl Session {
     pub(super) fn on_call(&mut self, c: &Call<'_>) -> Verdict {
-        let rules = Arc::clone(&self.rules);
-        let tool = rules.tool(c.tool);
+        // The rules are borrowed while the session is not changed, and shared (an `Arc` clone)
+        // only by what changes it with them in hand: most calls need no clone.
+        let tool = self.rules.tool(c.tool);
         if !tool.watched {
             // Switched off by the policy: not recorded, so its result is ignored too.
             return Verdict::allow();
         }
-        let det = rules.detectors(tool.category);
-        let keys = rules
-            .fingerprint
-            .keys(&tool.keys, &c.arguments, &det.test_fix.test_commands);
+        let keys = {
+            let rules = &*self.rules;
+            let det = rules.detectors(tool.category);
+            rules
+                .fingerprint
+                .keys(&tool.keys, &c.arguments, &det.test_fix.test_commands)
+        };
         // A call ends any text turn: that turn was not a monologue. Text said again after a
         // call is a status line about new work, not a repeated turn.
         if let Some(text) = &mut self.text {
@@ -25,22 +29,16 @@ impl Session {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let now = self.rel(c.time_ms);
-        let mut flags = 0;
-        for (on, f) in [
-            (keys.wait, flag::WAIT),
-            (keys.test, flag::TEST),
-            (keys.file_op, flag::FILE_OP),
-            (keys.query, flag::QUERY),
-            (tool.keys.shell, flag::SHELL),
-            (
+        let bit = |on: bool, f: u16| if on { f } else { 0 };
+        let flags = bit(keys.wait, flag::WAIT)
+            | bit(keys.test, flag::TEST)
+            | bit(keys.file_op, flag::FILE_OP)
+            | bit(keys.query, flag::QUERY)
+            | bit(tool.keys.shell, flag::SHELL)
+            | bit(
                 keys.modify || (tool.modifies && !keys.read_only),
                 flag::MODIFY,
-            ),
-        ] {
-            if on {
-                flags |= f;
-            }
-        }
+            );
         self.push(Record {
             exact: keys.exact as u32,
             fuzzy: keys.fuzzy as u32,
@@ -52,8 +50,15 @@ impl Session {
             flags,
         });
         self.remember_id(seq, c.call_id);
-        let group = self.group_call(&rules, &keys, tool.id, c.time_ms);
+        let group = if self.group.is_some() {
+            let rules = Arc::clone(&self.rules);
+            self.group_call(&rules, &keys, tool.id, c.time_ms)
+        } else {
+            GroupCheck::Quiet
+        };
 
+        let rules = &*self.rules;
+        let det = rules.detectors(tool.category);
         let w = self.window(now);
         let a = self.allowance;
         let unknown = !tool.known || (!self.unknown.is_empty() && self.unknown.contains(&tool.id));
@@ -70,6 +75,7 @@ impl Session {
                 ..Verdict::allow()
             };
         }
+        let rules = Arc::clone(&self.rules);
         let [exact, fuzzy, cycle, interleaved, unknown_tool, stagnation] =
             found.unwrap_or_default();
         // The group loop comes last: on a tie the session's own detectors win.
