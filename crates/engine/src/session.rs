@@ -343,9 +343,11 @@ impl Session {
             self.ring = vec![Record::default(); cap].into_boxed_slice();
             self.clear_window();
         }
+        // `start` and `len` are below `cap`: one wrap at most, without a division.
+        let wrap = |i: usize| if i >= cap { i - cap } else { i };
         let (start, len) = (self.start as usize, self.len as usize);
         if len < cap {
-            if let Some(slot) = self.ring.get_mut((start + len) % cap) {
+            if let Some(slot) = self.ring.get_mut(wrap(start + len)) {
                 *slot = r;
             }
             self.len += 1;
@@ -353,7 +355,7 @@ impl Session {
             if let Some(slot) = self.ring.get_mut(start) {
                 *slot = r;
             }
-            self.start = ((start + 1) % cap) as u32;
+            self.start = wrap(start + 1) as u32;
         }
     }
 
@@ -418,7 +420,11 @@ impl Session {
 
     fn newest_index(&self) -> Option<usize> {
         let cap = self.cap();
-        (self.len > 0).then(|| (self.start as usize + self.len as usize - 1) % cap)
+        // `start < cap` and `len <= cap`: one subtraction wraps it.
+        (self.len > 0).then(|| {
+            let i = self.start as usize + self.len as usize - 1;
+            if i >= cap { i - cap } else { i }
+        })
     }
 
     // --- escalation -------------------------------------------------------------------------

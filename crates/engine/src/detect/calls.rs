@@ -312,16 +312,42 @@ pub fn unknown_tool(w: &Window<'_>, p: &UnknownTool, unknown: bool) -> Option<De
 }
 
 /// Every detector that runs when a call arrives, in detector order: exact_repeat,
-/// fuzzy_repeat, cycle, interleaved, unknown_tool, stagnation. A call that is an exact repeat
-/// is not also reported as a fuzzy one. `unknown`: see [`scan`].
+/// fuzzy_repeat, cycle, interleaved, unknown_tool, stagnation; `None` when none of them found a
+/// loop. A call that is an exact repeat is not also reported as a fuzzy one. `unknown`: see
+/// [`scan`].
+#[inline]
 pub fn detect(
     w: &Window<'_>,
     d: &Detectors,
     allowance: u32,
     unknown: bool,
-) -> [Option<Detection>; 6] {
+) -> Option<[Option<Detection>; 6]> {
+    let cur = w.get(0)?;
+    // Most calls share no key with any other live call. Then only a threshold of one, a
+    // counted tool or a run of state queries can make a detector fire, and the window is
+    // looked at once, for the keys alone.
+    let waiting = cur.has(flag::WAIT);
+    let at_once = |on: bool, threshold: u32| on && threshold.saturating_add(allowance) <= 1;
+    let (pe, pf) = (&d.exact_repeat, &d.fuzzy_repeat);
+    let lone_fires = (d.unknown_tool.enabled && unknown)
+        || (d.stagnation.enabled && cur.has(flag::QUERY))
+        || (!waiting && (at_once(pe.enabled, pe.threshold) || at_once(pf.enabled, pf.threshold)));
+    if !lone_fires && !shares_keys(w, cur) {
+        return None;
+    }
+    detect_all(w, d, allowance, unknown)
+}
+
+/// [`detect`] past its first look at the window's keys.
+#[inline(never)]
+fn detect_all(
+    w: &Window<'_>,
+    d: &Detectors,
+    allowance: u32,
+    unknown: bool,
+) -> Option<[Option<Detection>; 6]> {
     let (found, repeated) = scan_window(w, d, allowance, unknown);
-    [
+    let all = [
         found.exact,
         found.fuzzy.filter(|_| found.exact.is_none()),
         // A cycle's first step is the current call one period back: none without another
@@ -330,7 +356,59 @@ pub fn detect(
         found.interleaved,
         found.unknown,
         stagnation(w, &d.stagnation, allowance),
-    ]
+    ];
+    all.iter().any(Option::is_some).then_some(all)
+}
+
+/// The live records as two slices, `(newer, older)`: newest first is `newer` backwards, then
+/// `older` backwards.
+fn live_parts<'a>(w: &Window<'a>) -> (&'a [Record], &'a [Record]) {
+    let (newer, older) = w.parts();
+    let live = w.len();
+    match newer.len().checked_sub(live) {
+        Some(skip) => (newer.get(skip..).unwrap_or_default(), &[][..]),
+        None => (
+            newer,
+            older
+                .get(older.len().saturating_sub(live - newer.len())..)
+                .unwrap_or_default(),
+        ),
+    }
+}
+
+/// Whether a live call other than the current one `cur` (the newest) has its exact or its
+/// fuzzy key.
+#[inline]
+fn shares_keys(w: &Window<'_>, cur: &Record) -> bool {
+    // Both keys in one word, compared at once: a half of `x` that is zero (a key that matches)
+    // sets its top bit in `(x - LOW) & !x`, and a nonzero half does not, except that a borrow
+    // out of a zero low half can set it in a high half of 1, when the low half matched anyway.
+    // Each half counts its matches, the current call's own among them; the loop has no exit
+    // and no branch, so it is vectorized.
+    const LOW: u64 = 0x0000_0001_0000_0001;
+    let keys = |r: &Record| u64::from(r.exact) | u64::from(r.fuzzy) << 32;
+    let want = keys(cur);
+    let count = |n: u64, r: &Record| {
+        let x = keys(r) ^ want;
+        n + ((x.wrapping_sub(LOW) & !x) >> 31 & LOW)
+    };
+    let n = if w.len() == w.buf.len() {
+        // The whole ring is live, in one slice.
+        w.buf.iter().fold(0, count)
+    } else {
+        let (newer, older) = live_parts(w);
+        newer.iter().fold(0, count) + older.iter().fold(0, count)
+    };
+    n & 0xffff_ffff > 1 || n >> 32 > 1
+}
+
+/// Whether a live call other than the current one `cur` (the newest) has its exact or its
+/// fuzzy key or its tool.
+fn shares_keys_or_tool(w: &Window<'_>, cur: &Record) -> bool {
+    let (newer, older) = live_parts(w);
+    let shares = |r: &&Record| r.exact == cur.exact || r.fuzzy == cur.fuzzy || r.tool == cur.tool;
+    // The current call shares its own keys.
+    newer.iter().filter(shares).count() + older.iter().filter(shares).count() > 1
 }
 
 /// The loop key of `stagnation`: one loop per session, however the queries are spelled.
@@ -503,26 +581,17 @@ fn scan_window(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> 
     // Most windows hold no other call with the current call's keys (or tool, when its calls
     // are counted): then every count is the current call's alone, which one pass over the
     // records' keys, with no state to keep, settles.
-    let (newer, older) = w.parts();
-    let live = w.len();
-    let (newer, older) = match newer.len().checked_sub(live) {
-        Some(skip) => (newer.get(skip..).unwrap_or_default(), &[][..]),
-        None => (
-            newer,
-            older
-                .get(older.len().saturating_sub(live - newer.len())..)
-                .unwrap_or_default(),
-        ),
+    let alone = !if count_tool {
+        shares_keys_or_tool(w, cur)
+    } else {
+        shares_keys(w, cur)
     };
-    let shares = |r: &&Record| {
-        (r.exact == cur.exact) | (r.fuzzy == cur.fuzzy) | (count_tool & (r.tool == cur.tool))
-    };
-    // The current call shares its own keys.
-    let alone = newer.iter().filter(shares).count() + older.iter().filter(shares).count() <= 1;
-    let repeated = !alone
-        && newer.iter().filter(|r| r.exact == cur.exact).count()
+    let repeated = !alone && {
+        let (newer, older) = live_parts(w);
+        newer.iter().filter(|r| r.exact == cur.exact).count()
             + older.iter().filter(|r| r.exact == cur.exact).count()
-            > 1;
+            > 1
+    };
 
     for k in (1..w.len()).take_while(|_| !alone) {
         if !(exact.on || fuzzy.on || inter.on || count_tool) {
@@ -740,8 +809,20 @@ mod tests {
             d.cycle.min_period = 2;
             d.cycle.max_period = 4;
             d.cycle.repetitions = 2;
-            let [_, _, found, ..] = detect(&w, &d, allowance, unknown);
+            let all = detect(&w, &d, allowance, unknown);
+            let [_, _, found, ..] = all.unwrap_or_default();
             prop_assert_eq!(found, cycle(&w, &d.cycle, allowance));
+            // `detect` answers as the detectors one by one, and `None` when none fired.
+            let exact = exact_repeat(&w, &d.exact_repeat, allowance);
+            let each = [
+                exact,
+                fuzzy_repeat(&w, &d.fuzzy_repeat, allowance).filter(|_| exact.is_none()),
+                cycle(&w, &d.cycle, allowance),
+                interleaved(&w, &d.interleaved, allowance),
+                unknown_tool(&w, &d.unknown_tool, unknown),
+                stagnation(&w, &d.stagnation, allowance),
+            ];
+            prop_assert_eq!(all, each.iter().any(Option::is_some).then_some(each));
         }
     }
 }

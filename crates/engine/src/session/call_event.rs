@@ -6,16 +6,20 @@ use super::*;
 
 impl Session {
     pub(super) fn on_call(&mut self, c: &Call<'_>) -> Verdict {
-        let rules = Arc::clone(&self.rules);
-        let tool = rules.tool(c.tool);
+        // The rules are borrowed while the session is not changed, and shared (an `Arc` clone)
+        // only by what changes it with them in hand: most calls need no clone.
+        let tool = self.rules.tool(c.tool);
         if !tool.watched {
             // Switched off by the policy: not recorded, so its result is ignored too.
             return Verdict::allow();
         }
-        let det = rules.detectors(tool.category);
-        let keys = rules
-            .fingerprint
-            .keys(&tool.keys, &c.arguments, &det.test_fix.test_commands);
+        let keys = {
+            let rules = &*self.rules;
+            let det = rules.detectors(tool.category);
+            rules
+                .fingerprint
+                .keys(&tool.keys, &c.arguments, &det.test_fix.test_commands)
+        };
         // A call ends any text turn: that turn was not a monologue. Text said again after a
         // call is a status line about new work, not a repeated turn.
         if let Some(text) = &mut self.text {
@@ -25,32 +29,24 @@ impl Session {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let now = self.rel(c.time_ms);
-        let mut flags = 0;
-        for (on, f) in [
-            (keys.wait, flag::WAIT),
-            (keys.poll, flag::POLL),
-            (keys.test, flag::TEST),
-            (keys.file_op, flag::FILE_OP),
-            (keys.query, flag::QUERY),
-            (tool.keys.shell, flag::SHELL),
-            (
-                keys.modify || (tool.modifies && !keys.read_only),
-                flag::MODIFY,
-            ),
-        ] {
-            if on {
-                flags |= f;
-            }
-        }
+        let bit = |on: bool, f: u16| if on { f } else { 0 };
         // Made before the previous call's result came back: the two were decided together
         // (calls of one assistant message).
-        if self
+        let batched = self
             .newest_index()
             .and_then(|i| self.ring.get(i))
-            .is_some_and(|r| !r.has(flag::RESULT))
-        {
-            flags |= flag::BATCH;
-        }
+            .is_some_and(|r| !r.has(flag::RESULT));
+        let flags = bit(keys.wait, flag::WAIT)
+            | bit(keys.poll, flag::POLL)
+            | bit(keys.test, flag::TEST)
+            | bit(keys.file_op, flag::FILE_OP)
+            | bit(keys.query, flag::QUERY)
+            | bit(tool.keys.shell, flag::SHELL)
+            | bit(
+                keys.modify || (tool.modifies && !keys.read_only),
+                flag::MODIFY,
+            )
+            | bit(batched, flag::BATCH);
         self.push(Record {
             exact: keys.exact as u32,
             fuzzy: keys.fuzzy as u32,
@@ -62,14 +58,34 @@ impl Session {
             flags,
         });
         self.remember_id(seq, c.call_id);
-        let group = self.group_call(&rules, &keys, tool.id, c.time_ms);
+        let group = if self.group.is_some() {
+            let rules = Arc::clone(&self.rules);
+            self.group_call(&rules, &keys, tool.id, c.time_ms)
+        } else {
+            GroupCheck::Quiet
+        };
 
+        let rules = &*self.rules;
+        let det = rules.detectors(tool.category);
         let w = self.window(now);
         let a = self.allowance;
-        let unknown = !tool.known || self.unknown.contains(&tool.id);
+        let unknown = !tool.known || (!self.unknown.is_empty() && self.unknown.contains(&tool.id));
+        let found = calls::detect(&w, det, a, unknown);
+        let hits = rules.plugins.on_call(c, &keys, &tool, &w);
+        if found.is_none()
+            && hits.detections.is_empty()
+            && matches!(group, GroupCheck::Quiet)
+            && self.armed.is_none()
+        {
+            // Nothing to escalate, and no refusal waiting.
+            return Verdict {
+                notes: hits.notes,
+                ..Verdict::allow()
+            };
+        }
+        let rules = Arc::clone(&self.rules);
         let [exact, fuzzy, cycle, interleaved, unknown_tool, stagnation] =
-            calls::detect(&w, det, a, unknown);
-        let unknown_tool = unknown_tool.map(|d| by_name(d, &tool.name));
+            found.unwrap_or_default();
         // The group loop comes last: on a tie the session's own detectors win.
         let group_loop = match &group {
             GroupCheck::Loop(d) => Some(*d),
@@ -80,12 +96,11 @@ impl Session {
             fuzzy,
             cycle,
             interleaved,
-            unknown_tool,
+            unknown_tool.map(|d| by_name(d, &tool.name)),
             stagnation,
             group_loop,
         ];
         drop_exempt(&tool, &mut cands);
-        let hits = rules.plugins.on_call(c, &keys, &tool, &w);
         let (mut verdict, _) = self.escalate(
             &rules,
             &cands,

@@ -78,7 +78,7 @@ impl Session {
         // showed that message changed nothing, so it is judged again with them.
         let [exact, fuzzy, cycle, interleaved, _, stagnation] = if lifted && k == 0 {
             let unknown = self.unknown.contains(&rec.tool);
-            calls::detect(&w, det, a, unknown)
+            calls::detect(&w, det, a, unknown).unwrap_or_default()
         } else {
             [None; 6]
         };
