@@ -49,6 +49,7 @@ const FAMILIES: &[(&str, bool, bool)] = &[
     ("host-injected", true, true),
     ("stagnation", true, true),
     ("polling", true, true),
+    ("bookkeeping", true, true),
 ];
 
 #[test]

@@ -29,6 +29,8 @@ pub struct ToolInfo {
     pub known: bool,
     /// Its category `modifies`: a successful call is progress for the calls around it.
     pub modifies: bool,
+    /// Its category `waits`: its calls are waits (`flag::WAIT`).
+    pub waits: bool,
     /// `false`: the policy switched the tool (or its category) off; its events are ignored.
     pub watched: bool,
     /// Detectors that never fire on it (bit `Det as u8`).
@@ -333,6 +335,9 @@ impl CompiledRules {
             modifies: category
                 .and_then(|i| c.categories.get(i))
                 .is_some_and(|cat| cat.modifies),
+            waits: category
+                .and_then(|i| c.categories.get(i))
+                .is_some_and(|cat| cat.waits),
             watched,
             exempt,
         }

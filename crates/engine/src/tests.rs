@@ -698,6 +698,77 @@ fn different_searches_with_the_same_hits_are_same_outcome_for_tools_that_look() 
 }
 
 #[test]
+fn the_call_after_a_wait_tool_polls() {
+    let spinner =
+        "Page URL: https://dash.example.com/login\nPage Title: Signing in\n- progressbar [ref=e20]";
+    let mut h = H::default();
+    // Waiting and looking, four rounds with nothing new yet: waiting, not a loop.
+    for i in 0..4 {
+        let (c, r) = h.run(
+            "browser_wait_for",
+            json!({"time": 3}),
+            "Waited for 3 seconds",
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "wait {i}: {c:?} {r:?}");
+        let (c, r) = h.run("browser_snapshot", json!({}), spinner, false);
+        assert!(c.is_allow() && r.is_allow(), "look {i}: {c:?} {r:?}");
+    }
+    // A page that never changes is still a loop, later.
+    let mut flagged = None;
+    for i in 4..12 {
+        h.run(
+            "browser_wait_for",
+            json!({"time": 3}),
+            "Waited for 3 seconds",
+            false,
+        );
+        let (c, r) = h.run("browser_snapshot", json!({}), spinner, false);
+        if flagged.is_none() && !(c.is_allow() && r.is_allow()) {
+            flagged = Some(i + 1);
+        }
+    }
+    assert!(flagged.is_some_and(|n| n <= 8), "{flagged:?}");
+    // Without the waits the same looks are flagged as before.
+    let mut h = H::default();
+    let looks: Vec<bool> = (0..4)
+        .map(|_| {
+            let (c, r) = h.run("browser_snapshot", json!({}), spinner, false);
+            c.is_allow() && r.is_allow()
+        })
+        .collect();
+    assert_eq!(looks, [true, true, false, false]);
+}
+
+#[test]
+fn an_agents_own_todo_list_set_again_between_work_is_no_loop() {
+    let todos = json!({"todos": [
+        {"content": "Map the billing module", "status": "in_progress", "activeForm": "Mapping"},
+        {"content": "Write the summary", "status": "pending", "activeForm": "Writing"}
+    ]});
+    let ack = "Todos have been modified successfully. Ensure that you continue to use the todo list to track your progress.";
+    let mut h = H::default();
+    for i in 0..6 {
+        let (c, r) = h.run("TodoWrite", todos.clone(), ack, false);
+        assert!(c.is_allow() && r.is_allow(), "todo {i}: {c:?} {r:?}");
+        let path = format!("/app/billing/m{i}.py");
+        let (c, r) = h.run(
+            "Read",
+            json!({ "file_path": path }),
+            &format!("class M{i}: pass"),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "read {i}: {c:?} {r:?}");
+    }
+    // The same list back to back, with nothing done between, is a loop.
+    let mut h = H::default();
+    let verdicts: Vec<bool> = (0..3)
+        .map(|_| h.run("TodoWrite", todos.clone(), ack, false).0.is_allow())
+        .collect();
+    assert_eq!(verdicts, [true, true, false]);
+}
+
+#[test]
 fn a_poll_is_a_repeat_only_at_twice_the_threshold() {
     let poll = "sleep 10 && kubectl rollout status deploy/api --timeout=5s";
     let waiting = "Waiting for deployment \"api\" rollout to finish: 1 of 3 updated replicas are available...\nerror: timed out waiting for the condition";

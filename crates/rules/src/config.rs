@@ -104,6 +104,9 @@ pub struct Category {
     pub ladder: Option<String>,
     /// A successful call of these tools is progress for the calls around it.
     pub modifies: bool,
+    /// These tools wait: their calls are never counted by the repeat detectors, and the call
+    /// after one polls.
+    pub waits: bool,
     /// `false`: calls and results of these tools are ignored.
     pub enabled: bool,
 }
@@ -374,6 +377,7 @@ impl Category {
             detectors: (DETECTORS.read)(&merged)?,
             ladder: c.ladder,
             modifies: c.modifies,
+            waits: c.waits,
             enabled: c.enabled,
         })
     }

@@ -651,6 +651,10 @@ section! {
         /// two identical calls of another tool is progress and restarts that call's count
         /// (re-running tests after an edit)
         modifies: bool = BOOL, "false";
+        /// these tools wait (`browser_wait_for`, `sleep`): their calls are never counted by the
+        /// repeat detectors, and the call right after one of them polls (see
+        /// `shell.wait_commands`)
+        waits: bool = BOOL, "false";
     }
 }
 

@@ -32,12 +32,16 @@ impl Session {
         let bit = |on: bool, f: u16| if on { f } else { 0 };
         // Made before the previous call's result came back: the two were decided together
         // (calls of one assistant message).
-        let batched = self
+        // The call right after a wait looks at what was waited for: it polls.
+        let (batched, after_wait) = self
             .newest_index()
             .and_then(|i| self.ring.get(i))
-            .is_some_and(|r| !r.has(flag::RESULT));
-        let flags = bit(keys.wait, flag::WAIT)
-            | bit(keys.poll, flag::POLL)
+            .map_or((false, false), |r| {
+                (!r.has(flag::RESULT), r.has(flag::WAIT))
+            });
+        let wait = keys.wait || tool.waits;
+        let flags = bit(wait, flag::WAIT)
+            | bit(keys.poll || (after_wait && !wait), flag::POLL)
             | bit(keys.test, flag::TEST)
             | bit(keys.file_op, flag::FILE_OP)
             | bit(keys.query, flag::QUERY)
