@@ -212,3 +212,95 @@ pub fn default_engine() -> Engine {
         .build()
         .expect("the default policy names no plugins")
 }
+
+/// The coding agent of the proxy bench and the `proxy_turn` profile driver: each turn reads a
+/// file not read before, so a session never loops.
+pub mod agent {
+    use serde_json::{Value, json};
+
+    /// A name made of the letters g..z only: the engine masks digits and hex ids in results,
+    /// and the calls and results must stay distinct after masking.
+    pub fn word(mut n: u64) -> String {
+        let mut w = String::new();
+        loop {
+            w.push(char::from(b'g' + (n % 20) as u8));
+            n /= 20;
+            if n == 0 {
+                return w;
+            }
+        }
+    }
+
+    /// Call `n` of a conversation (a chat `tool_calls` entry): a read of a file not read
+    /// before.
+    pub fn call(n: u64) -> Value {
+        json!({"id": format!("call_{n}"), "type": "function", "function": {
+            "name": "read_file",
+            "arguments": json!({"path": format!("src/{}/handlers.rs", word(n))}).to_string(),
+        }})
+    }
+
+    /// The result of call `n` (a chat `tool` message): ~500 bytes of source, different for
+    /// every call.
+    pub fn result(n: u64) -> Value {
+        let w = word(n);
+        let body: String = (0..12)
+            .map(|k| format!("    let {w}_{} = {w}::load(&ctx)?;\n", word(k)))
+            .collect();
+        json!({"role": "tool", "tool_call_id": format!("call_{n}"),
+            "content": format!("pub fn {w}(ctx: &Context) -> Result<()> {{\n{body}    Ok(())\n}}\n")})
+    }
+
+    /// The model's whole answer with `call`, as a chat completion.
+    pub fn completion(call: &Value) -> Value {
+        json!({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": null, "tool_calls": [call]}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        })
+    }
+
+    /// The same answer as SSE events, one frame each: a short text, then the call with its
+    /// arguments in 8-byte fragments.
+    pub fn stream(call: &Value) -> Vec<String> {
+        let chunk = |delta: Value, finish: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
+                    "model": "bench", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            )
+        };
+        let args = call["function"]["arguments"].as_str().unwrap_or_default();
+        let mut out = vec![
+            chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            chunk(
+                json!({"content": format!("Reading {}.", word(args.len() as u64))}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}]}),
+                Value::Null,
+            ),
+        ];
+        for piece in args.as_bytes().chunks(8) {
+            out.push(chunk(
+                json!({"tool_calls": [{"index": 0, "function":
+                    {"arguments": String::from_utf8_lossy(piece)}}]}),
+                Value::Null,
+            ));
+        }
+        out.push(chunk(json!({}), json!("tool_calls")));
+        out.push("data: [DONE]\n\n".to_owned());
+        out
+    }
+
+    /// A session's opening: the system prompt and the task.
+    pub fn opening(session: &str) -> Vec<Value> {
+        vec![
+            json!({"role": "system", "content": "You are a coding agent. Use the tools to read, edit and test the code. Keep going until the task is done."}),
+            json!({"role": "user", "content": format!("Find where request handlers load their context ({session}).")}),
+        ]
+    }
+}

@@ -52,36 +52,7 @@ const PAIRS: usize = 9;
 
 // --- the upstream ------------------------------------------------------------------------------
 
-/// A name made of the letters g..z only: the engine masks digits and hex ids in results, and
-/// the calls and results must stay distinct after masking.
-fn word(mut n: u64) -> String {
-    let mut w = String::new();
-    loop {
-        w.push(char::from(b'g' + (n % 20) as u8));
-        n /= 20;
-        if n == 0 {
-            return w;
-        }
-    }
-}
-
-/// Call `n` of a conversation: a read of a file not read before.
-fn call(n: u64) -> Value {
-    json!({"id": format!("call_{n}"), "type": "function", "function": {
-        "name": "read_file",
-        "arguments": json!({"path": format!("src/{}/handlers.rs", word(n))}).to_string(),
-    }})
-}
-
-/// The result of call `n`: ~500 bytes of source, different for every call.
-fn result(n: u64) -> Value {
-    let w = word(n);
-    let body: String = (0..12)
-        .map(|k| format!("    let {w}_{} = {w}::load(&ctx)?;\n", word(k)))
-        .collect();
-    json!({"role": "tool", "tool_call_id": format!("call_{n}"),
-        "content": format!("pub fn {w}(ctx: &Context) -> Result<()> {{\n{body}    Ok(())\n}}\n")})
-}
+use loopguard_benches::agent::{call, completion, opening, result, stream as sse_events};
 
 /// The model: answers with the call after the last one it sees a result for.
 async fn model(body: Bytes) -> Response {
@@ -95,7 +66,7 @@ async fn model(body: Bytes) -> Response {
         .unwrap_or(0);
     let next = call(last + 1);
     let (content_type, body) = if request["stream"] == json!(true) {
-        let frames = sse(&next)
+        let frames = sse_events(&next)
             .into_iter()
             .map(|e| Ok::<_, Infallible>(Bytes::from(e)));
         (
@@ -103,13 +74,10 @@ async fn model(body: Bytes) -> Response {
             Body::from_stream(futures_util::stream::iter(frames)),
         )
     } else {
-        let completion = json!({
-            "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
-            "choices": [{"index": 0, "finish_reason": "tool_calls",
-                "message": {"role": "assistant", "content": null, "tool_calls": [next]}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-        });
-        ("application/json", Body::from(completion.to_string()))
+        (
+            "application/json",
+            Body::from(completion(&next).to_string()),
+        )
     };
     let mut r = Response::new(body);
     r.headers_mut().insert(
@@ -117,41 +85,6 @@ async fn model(body: Bytes) -> Response {
         header::HeaderValue::from_static(content_type),
     );
     r
-}
-
-/// A turn as SSE events, one body frame each: a short text, then the call with its arguments
-/// in 8-byte fragments.
-fn sse(call: &Value) -> Vec<String> {
-    let chunk = |delta: Value, finish: Value| {
-        format!(
-            "data: {}\n\n",
-            json!({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
-                "model": "bench", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-        )
-    };
-    let args = call["function"]["arguments"].as_str().unwrap_or_default();
-    let mut out = vec![
-        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-        chunk(
-            json!({"content": format!("Reading {}.", word(args.len() as u64))}),
-            Value::Null,
-        ),
-        chunk(
-            json!({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                "function": {"name": call["function"]["name"], "arguments": ""}}]}),
-            Value::Null,
-        ),
-    ];
-    for piece in args.as_bytes().chunks(8) {
-        out.push(chunk(
-            json!({"tool_calls": [{"index": 0, "function":
-                {"arguments": String::from_utf8_lossy(piece)}}]}),
-            Value::Null,
-        ));
-    }
-    out.push(chunk(json!({}), json!("tool_calls")));
-    out.push("data: [DONE]\n\n".to_owned());
-    out
 }
 
 // --- the proxy ---------------------------------------------------------------------------------
@@ -212,10 +145,7 @@ struct Conversation {
 
 impl Conversation {
     fn new(session: String) -> Conversation {
-        let mut messages = vec![
-            json!({"role": "system", "content": "You are a coding agent. Use the tools to read, edit and test the code. Keep going until the task is done."}),
-            json!({"role": "user", "content": format!("Find where request handlers load their context ({session}).")}),
-        ];
+        let mut messages = opening(&session);
         for n in 1..=PAIRS as u64 {
             messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call(n)]}));
             messages.push(result(n));

@@ -13,80 +13,21 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use loopguard_benches::agent::{call, completion, opening, result, stream as sse_events};
 use loopguard_proxy::wire::Wire;
 use serde_json::{Value, json};
 
-/// A name made of the letters g..z (no digits or hex for the masks to take).
-fn word(mut n: u64) -> String {
-    let mut w = String::new();
-    loop {
-        w.push(char::from(b'g' + (n % 20) as u8));
-        n /= 20;
-        if n == 0 {
-            return w;
-        }
-    }
-}
-
-fn tool_call(n: u64) -> Value {
-    json!({"id": format!("call_{n}"), "type": "function", "function": {
-        "name": "read_file",
-        "arguments": json!({"path": format!("src/{}/handlers.rs", word(n))}).to_string(),
-    }})
-}
-
-fn result(n: u64) -> Value {
-    let w = word(n);
-    let body: String = (0..12)
-        .map(|k| format!("    let {w}_{} = {w}::load(&ctx)?;\n", word(k)))
-        .collect();
-    json!({"role": "tool", "tool_call_id": format!("call_{n}"),
-        "content": format!("pub fn {w}(ctx: &Context) -> Result<()> {{\n{body}    Ok(())\n}}\n")})
-}
-
 /// The model's answer with call `n`: a completion, or its SSE events.
 fn answer(n: u64, stream: bool) -> Vec<Vec<u8>> {
-    let call = tool_call(n);
-    if !stream {
-        return vec![
-            json!({
-                "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
-                "choices": [{"index": 0, "finish_reason": "tool_calls",
-                    "message": {"role": "assistant", "content": null, "tool_calls": [call]}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-            })
-            .to_string()
-            .into_bytes(),
-        ];
+    let call = call(n);
+    if stream {
+        sse_events(&call)
+            .into_iter()
+            .map(String::into_bytes)
+            .collect()
+    } else {
+        vec![completion(&call).to_string().into_bytes()]
     }
-    let chunk = |delta: Value, finish: Value| {
-        format!(
-            "data: {}\n\n",
-            json!({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
-                "model": "bench", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-        )
-        .into_bytes()
-    };
-    let args = call["function"]["arguments"].as_str().unwrap_or_default();
-    let mut out = vec![
-        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-        chunk(json!({"content": "Reading the next handler."}), Value::Null),
-        chunk(
-            json!({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                "function": {"name": "read_file", "arguments": ""}}]}),
-            Value::Null,
-        ),
-    ];
-    for piece in args.as_bytes().chunks(8) {
-        out.push(chunk(
-            json!({"tool_calls": [{"index": 0, "function":
-                {"arguments": String::from_utf8_lossy(piece)}}]}),
-            Value::Null,
-        ));
-    }
-    out.push(chunk(json!({}), json!("tool_calls")));
-    out.push(b"data: [DONE]\n\n".to_vec());
-    out
 }
 
 fn main() {
@@ -96,12 +37,9 @@ fn main() {
     // Eight sessions taking turns, as the bench's clients do.
     let mut sessions: Vec<(Vec<Value>, u64)> = (0..8)
         .map(|s| {
-            let mut m = vec![
-                json!({"role": "system", "content": "You are a coding agent. Use the tools to read, edit and test the code. Keep going until the task is done."}),
-                json!({"role": "user", "content": format!("Find where request handlers load their context (session {s}).")}),
-            ];
+            let mut m = opening(&format!("session {s}"));
             for k in 1..=9 {
-                m.push(json!({"role": "assistant", "content": null, "tool_calls": [tool_call(k)]}));
+                m.push(json!({"role": "assistant", "content": null, "tool_calls": [call(k)]}));
                 m.push(result(k));
             }
             (m, 9)
@@ -139,8 +77,7 @@ fn turns(sessions: &mut [(Vec<Value>, u64)], n: u64, kind: &str) -> usize {
         };
         bytes += measured(&body, &answer, stream);
         *last += 1;
-        messages
-            .push(json!({"role": "assistant", "content": null, "tool_calls": [tool_call(*last)]}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call(*last)]}));
         messages.push(result(*last));
         messages.drain(2..4);
     }

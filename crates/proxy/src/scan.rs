@@ -79,19 +79,30 @@ fn value_end(b: &[u8], i: usize) -> Option<usize> {
 
 /// The elements of the array `text` (`[…]`, whitespace around it allowed), each as its text.
 pub fn elements(text: &str) -> Option<Vec<&str>> {
+    each_element(text, |b, i| Some((value_end(b, i)?, ())))
+        .map(|list| list.into_iter().map(|(t, ())| t).collect())
+}
+
+/// The elements of the array `text`, each as its text with what `read(bytes, start)` makes of
+/// it; `read` also says where the element ends.
+fn each_element<T>(
+    text: &str,
+    mut read: impl FnMut(&[u8], usize) -> Option<(usize, T)>,
+) -> Option<Vec<(&str, T)>> {
     let b = text.as_bytes();
     let mut i = ws(b, 0);
     if b.get(i) != Some(&b'[') {
         return None;
     }
     i = ws(b, i + 1);
-    let mut out = Vec::new();
+    // A message takes a few hundred bytes at least.
+    let mut out = Vec::with_capacity(text.len() / 256 + 4);
     if b.get(i) == Some(&b']') {
         return (ws(b, i + 1) == b.len()).then_some(out);
     }
     loop {
-        let end = value_end(b, i)?;
-        out.push(text.get(i..end)?);
+        let (end, x) = read(b, i)?;
+        out.push((text.get(i..end)?, x));
         i = ws(b, end);
         match *b.get(i)? {
             b',' => i = ws(b, i + 1),
@@ -198,30 +209,10 @@ pub fn peek(text: &str) -> Option<Peek> {
 /// The elements of the array `text`, as [`elements`] finds them, each with what [`peek`]
 /// reads of it (`None` where `serde_json` must read it): one walk for both.
 pub fn peeked_elements(text: &str) -> Option<Vec<(&str, Option<Peek>)>> {
-    let b = text.as_bytes();
-    let mut i = ws(b, 0);
-    if b.get(i) != Some(&b'[') {
-        return None;
-    }
-    i = ws(b, i + 1);
-    // A message takes a few hundred bytes at least.
-    let mut out = Vec::with_capacity(text.len() / 256 + 4);
-    if b.get(i) == Some(&b']') {
-        return (ws(b, i + 1) == b.len()).then_some(out);
-    }
-    loop {
-        let (end, p) = match peek_at(b, i) {
-            Some((end, p)) => (end, Some(p)),
-            None => (value_end(b, i)?, None),
-        };
-        out.push((text.get(i..end)?, p));
-        i = ws(b, end);
-        match *b.get(i)? {
-            b',' => i = ws(b, i + 1),
-            b']' => return (ws(b, i + 1) == b.len()).then_some(out),
-            _ => return None,
-        }
-    }
+    each_element(text, |b, i| match peek_at(b, i) {
+        Some((end, p)) => Some((end, Some(p))),
+        None => Some((value_end(b, i)?, None)),
+    })
 }
 
 /// What [`Peek`] reads of the object that starts at `i`, and the index past it.
