@@ -10,6 +10,29 @@ fn older<'a>(w: &Window<'a>, k: usize) -> impl Iterator<Item = (usize, &'a Recor
     (k + 1..w.len()).filter_map(move |i| w.get(i).map(|r| (i, r)))
 }
 
+/// Tries counted newest first: calls decided together (made before the previous one's result
+/// came back, `flag::BATCH`: one assistant message) are one try, since the model saw none of
+/// their outcomes before it made them.
+struct Tries<'a> {
+    count: u32,
+    newer: &'a Record,
+}
+
+impl<'a> Tries<'a> {
+    /// The newest call's try.
+    fn new(r: &'a Record) -> Tries<'a> {
+        Tries { count: 1, newer: r }
+    }
+
+    /// The next older call of the run.
+    fn add(&mut self, o: &'a Record) {
+        if !self.newer.has(flag::BATCH) {
+            self.count += 1;
+        }
+        self.newer = o;
+    }
+}
+
 pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Option<Detection> {
     let r = w.get(k)?;
     if !p.enabled || !r.real_result() || r.has(flag::WAIT) {
@@ -31,18 +54,12 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
         count += 1;
         start = i;
     }
-    (count >= needed(for_record(p.threshold, r), allowance, count, start - k + 1)).then(|| {
-        Detection {
-            tool: Some(r.tool),
-            involved: Involved::Exact(r.exact),
-            start_seq: w.seq(start),
-            ..Detection::new(
-                Det::NoProgress,
-                u64::from(r.exact),
-                count,
-                for_record(p.threshold, r),
-            )
-        }
+    let threshold = for_record(p.threshold, r);
+    (count >= needed(threshold, allowance, count, start - k + 1)).then(|| Detection {
+        tool: Some(r.tool),
+        involved: Involved::Exact(r.exact),
+        start_seq: w.seq(start),
+        ..Detection::new(Det::NoProgress, u64::from(r.exact), count, threshold)
     })
 }
 
@@ -80,19 +97,16 @@ fn outcome(r: &Record, p: &SameOutcome) -> Option<Outcome> {
 }
 
 /// `same_outcome`: different calls in a row with the same outcome: the same error, the same
-/// empty answer, or (`include_success`) the same answer. Calls decided together (made before
-/// the previous one's result came back: one assistant message) are one try: the model saw
-/// none of their outcomes before it made them.
+/// empty answer, or (`include_success`) the same answer, counted in [`Tries`].
 pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detection> {
     let r = w.get(k)?;
     if !p.enabled {
         return None;
     }
     let kind = outcome(r, p)?;
-    let mut count = 1u32;
+    let mut tries = Tries::new(r);
     let mut start = k;
     let mut distinct = false;
-    let mut newer = r;
     for (i, o) in older(w, k).filter(|(_, o)| o.ran()) {
         let same = o.digest == r.digest
             || (r.has(flag::ERROR) && o.has(flag::ERROR) && r.near_duplicate(o));
@@ -100,12 +114,10 @@ pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detecti
             break;
         }
         distinct |= o.exact != r.exact;
-        if !newer.has(flag::BATCH) {
-            count += 1;
-        }
-        newer = o;
+        tries.add(o);
         start = i;
     }
+    let count = tries.count;
     let threshold = match kind {
         Outcome::Error => p.threshold,
         Outcome::Empty => p.empty_threshold,
@@ -125,33 +137,24 @@ pub fn error_cascade(w: &Window<'_>, k: usize, p: &Counted) -> Option<Detection>
     if !p.enabled || !r.failed() || r.has(flag::TEST) {
         return None;
     }
-    let mut count = 1u32;
+    let mut tries = Tries::new(r);
     let mut start = k;
-    let mut newer = r;
     for (i, o) in
         older(w, k).filter(|(_, o)| o.tool == r.tool && o.real_result() && !o.has(flag::TEST))
     {
         if !o.has(flag::ERROR) {
             break;
         }
-        // Calls decided together (one assistant message) are one try.
-        if !newer.has(flag::BATCH) {
-            count += 1;
-        }
-        newer = o;
+        tries.add(o);
         start = i;
     }
-    (count >= for_record(p.threshold, r)).then(|| Detection {
+    let (count, threshold) = (tries.count, for_record(p.threshold, r));
+    (count >= threshold).then(|| Detection {
         tool: Some(r.tool),
         involved: Involved::Tool(r.tool),
         start_seq: w.seq(start),
         file_tools_hint: r.has(flag::SHELL) && r.has(flag::FILE_OP),
-        ..Detection::new(
-            Det::ErrorCascade,
-            u64::from(r.tool),
-            count,
-            for_record(p.threshold, r),
-        )
+        ..Detection::new(Det::ErrorCascade, u64::from(r.tool), count, threshold)
     })
 }
 

@@ -30,9 +30,9 @@ impl Session {
         let seq = self.seq;
         let now = self.rel(c.time_ms);
         let bit = |on: bool, f: u16| if on { f } else { 0 };
-        // Made before the previous call's result came back: the two were decided together
-        // (calls of one assistant message).
-        // The call right after a wait looks at what was waited for: it polls.
+        // Against the previous call: made before its result came back, the two were decided
+        // together (calls of one assistant message); made right after a wait, this call looks
+        // at what was waited for: it polls.
         let (batched, after_wait) = self
             .newest_index()
             .and_then(|i| self.ring.get(i))
