@@ -16,7 +16,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use globset::GlobMatcher;
+use loopguard_rules::NameGlob;
 use regex::Regex;
 use serde_json::{Map, Number, Value};
 
@@ -55,7 +55,7 @@ pub struct FingerprintRules {
 /// Shell normalization settings.
 #[derive(Clone, Debug)]
 pub struct ShellRules {
-    pub(crate) tools: Vec<GlobMatcher>,
+    pub(crate) tools: Vec<NameGlob>,
     pub(crate) command_keys: Vec<Box<str>>,
     pub(crate) file_read_commands: Vec<Box<str>>,
     pub(crate) file_operation_commands: Vec<Box<str>>,

@@ -16,6 +16,10 @@ pub(crate) const REGEX_TOTAL_LIMIT: usize = 4 << 20;
 pub(crate) const GLOB_MAX_LEN: usize = 1024;
 /// Most wildcards (`*`, `?`, `[`, `{`) accepted in one glob.
 pub(crate) const GLOB_MAX_WILDCARDS: usize = 64;
+/// Most globs (patterns with glob syntax; plain names do not count) one policy may hold, the
+/// files it extends included: each is compiled into an automaton, so a policy cannot take
+/// seconds to load by listing thousands.
+pub(crate) const GLOB_TOTAL_LIMIT: usize = 512;
 /// Largest compiled size accepted for one glob's automaton; globs within the length and
 /// wildcard limits stay far below it.
 const GLOB_SIZE_LIMIT: usize = 1 << 20;
@@ -45,13 +49,50 @@ impl std::fmt::Display for GlobError {
     }
 }
 
+/// A compiled name pattern (a tool, a backend, a model): a name without glob syntax is
+/// compared as a string, anything else matched by its glob's automaton. Policies list many
+/// plain names, and a string comparison costs nothing to build.
+#[derive(Clone, Debug)]
+pub enum NameGlob {
+    /// A plain name, matched by equality.
+    Literal(Box<str>),
+    /// A pattern with glob syntax.
+    Glob(globset::GlobMatcher),
+}
+
+impl NameGlob {
+    /// Whether `name` matches.
+    pub fn is_match(&self, name: &str) -> bool {
+        match self {
+            NameGlob::Literal(l) => **l == *name,
+            NameGlob::Glob(g) => g.is_match(name),
+        }
+    }
+
+    /// The pattern as written.
+    pub fn pattern(&self) -> &str {
+        match self {
+            NameGlob::Literal(l) => l,
+            NameGlob::Glob(g) => g.glob().glob(),
+        }
+    }
+}
+
+/// Whether `pattern` holds glob syntax (anything other than a plain name).
+pub(crate) fn has_glob_syntax(pattern: &str) -> bool {
+    pattern.contains(['*', '?', '[', ']', '{', '}', ',', '\\'])
+}
+
 /// Compiles a tool-name glob, refusing one over the length and wildcard limits before it
 /// reaches `globset` (which panics when the automaton of a glob is too large).
-pub(crate) fn compile_glob(pattern: &str) -> Result<globset::GlobMatcher, GlobError> {
+pub(crate) fn compile_glob(pattern: &str) -> Result<NameGlob, GlobError> {
     if pattern.len() > GLOB_MAX_LEN {
         return Err(GlobError::TooComplex(format!(
             "longer than {GLOB_MAX_LEN} bytes"
         )));
+    }
+    if !has_glob_syntax(pattern) {
+        return Ok(NameGlob::Literal(pattern.into()));
     }
     let wildcards = pattern
         .bytes()
@@ -77,7 +118,7 @@ pub(crate) fn compile_glob(pattern: &str) -> Result<globset::GlobMatcher, GlobEr
             .build(glob.regex())
             .map_err(|e| GlobError::TooComplex(format!("its automaton is too large: {e}")))?;
     }
-    Ok(glob.compile_matcher())
+    Ok(NameGlob::Glob(glob.compile_matcher()))
 }
 
 /// What the regexes of one policy (its extended files included) may still use of
@@ -87,6 +128,10 @@ pub(crate) struct Budget {
     regex_left: usize,
     /// The regex that went over the budget was reported.
     regex_reported: bool,
+    /// How many more globs the policy may hold ([`GLOB_TOTAL_LIMIT`]).
+    globs_left: usize,
+    /// The glob that went over the budget was reported.
+    glob_reported: bool,
 }
 
 impl Default for Budget {
@@ -94,6 +139,8 @@ impl Default for Budget {
         Budget {
             regex_left: REGEX_TOTAL_LIMIT,
             regex_reported: false,
+            globs_left: GLOB_TOTAL_LIMIT,
+            glob_reported: false,
         }
     }
 }
@@ -162,6 +209,33 @@ fn check_regex(
             .with_help("regexes use Rust `regex` syntax; escape special characters with `\\`"),
         );
     }
+}
+
+/// Checks one glob of the policy: valid, and within the limits of one glob.
+fn check_glob(node: &Node, s: &str, path: &str, out: &mut Vec<Diagnostic>) {
+    match compile_glob(s) {
+            Ok(_) => {}
+            Err(GlobError::Invalid(e)) => out.push(
+                Diagnostic::error(
+                    "invalid-glob",
+                    node.span,
+                    format!("invalid glob `{s}`{}", in_path(path)),
+                )
+                .with_label(e)
+                .with_help("globs use `*`, `?`, `[abc]` and `{a,b}`; close every bracket and brace"),
+            ),
+            Err(GlobError::TooComplex(e)) => out.push(
+                Diagnostic::error(
+                    "too-complex",
+                    node.span,
+                    format!("glob too long or complex{}", in_path(path)),
+                )
+                .with_label(e)
+                .with_help(format!(
+                    "a glob may be {GLOB_MAX_LEN} bytes long with {GLOB_MAX_WILDCARDS} wildcards (`*`, `?`, `[`, `{{`); list tool names instead"
+                )),
+            ),
+        }
 }
 
 /// Checks a mapping against the fields of a section.
@@ -271,29 +345,26 @@ pub(crate) fn check_value(
             }
         }
         (Kind::Regex, Value::Str(s)) => check_regex(node, s, path, out, budget),
-        (Kind::Glob, Value::Str(s)) => match compile_glob(s) {
-            Ok(_) => {}
-            Err(GlobError::Invalid(e)) => out.push(
-                Diagnostic::error(
-                    "invalid-glob",
-                    node.span,
-                    format!("invalid glob `{s}`{}", in_path(path)),
-                )
-                .with_label(e)
-                .with_help("globs use `*`, `?`, `[abc]` and `{a,b}`; close every bracket and brace"),
-            ),
-            Err(GlobError::TooComplex(e)) => out.push(
-                Diagnostic::error(
-                    "too-complex",
-                    node.span,
-                    format!("glob too long or complex{}", in_path(path)),
-                )
-                .with_label(e)
-                .with_help(format!(
-                    "a glob may be {GLOB_MAX_LEN} bytes long with {GLOB_MAX_WILDCARDS} wildcards (`*`, `?`, `[`, `{{`); list tool names instead"
-                )),
-            ),
-        },
+        (Kind::Glob, Value::Str(s)) if has_glob_syntax(s) && budget.globs_left == 0 => {
+            if !budget.glob_reported {
+                budget.glob_reported = true;
+                out.push(
+                    Diagnostic::error(
+                        "too-complex",
+                        node.span,
+                        format!("too many globs in the policy{}", in_path(path)),
+                    )
+                    .with_label(format!("over the limit of {GLOB_TOTAL_LIMIT} globs per policy"))
+                    .with_help(format!(
+                        "a policy (its extended files included) may hold {GLOB_TOTAL_LIMIT} patterns with `*`, `?`, `[` or `{{`; plain names are not counted: list tool names, or join globs with `{{a,b}}`"
+                    )),
+                );
+            }
+        }
+        (Kind::Glob, Value::Str(s)) => {
+            budget.globs_left -= usize::from(has_glob_syntax(s));
+            check_glob(node, s, path, out);
+        }
         (Kind::Template, Value::Str(s)) => check_template(node, s, path, out),
         (Kind::List(inner), Value::Seq(items)) => {
             for (i, item) in items.iter().enumerate() {
@@ -323,9 +394,7 @@ pub(crate) fn check_value(
         (Kind::Map(_), Value::Null) => {}
         (kind, found) => {
             let mut diag = type_error(node, path, &with_article(&kind_name(kind)), found);
-            if let (Kind::Int { .. } | Kind::Bool, Value::Str(text)) =
-                (kind, found)
-            {
+            if let (Kind::Int { .. } | Kind::Bool, Value::Str(text)) = (kind, found) {
                 // Quotes are the mistake only when the text inside is a value of the kind.
                 let t = text.trim();
                 let unquoted = match kind {
@@ -490,7 +559,7 @@ mod tests {
         assert!(
             compile_glob(&at_limit)
                 .unwrap()
-                .is_match("a".repeat(64) + &"b".repeat(896))
+                .is_match(&("a".repeat(64) + &"b".repeat(896)))
         );
         let too_many = "*a".repeat(GLOB_MAX_WILDCARDS + 1);
         assert!(matches!(

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use globset::GlobMatcher;
+use crate::check::NameGlob;
 
 use crate::node::{Node, Value};
 use crate::param::{Param, Spanned};
@@ -97,7 +97,7 @@ pub struct Category {
     /// The tool patterns as written.
     pub tools: Vec<String>,
     /// The compiled `tools` patterns, in the same order.
-    pub matchers: Vec<GlobMatcher>,
+    pub matchers: Vec<NameGlob>,
     /// Detector parameters for these tools: the top-level ones with the category's over them.
     pub detectors: Detectors,
     /// The ladder for these tools; `None`: the policy's.

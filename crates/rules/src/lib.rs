@@ -32,6 +32,7 @@ pub mod schema;
 mod semantic;
 pub mod tiers;
 
+pub use check::NameGlob;
 pub use config::{Action, Category, Config, Detector, Detectors, Group, Ladder, Nudge, Step};
 pub use diagnostic::{Diagnostic, Severity, SourceMap};
 pub use policy::{LoadError, Loaded, Policy};

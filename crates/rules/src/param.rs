@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use globset::GlobMatcher;
+use crate::check::NameGlob;
 use regex::Regex;
 
 use crate::check::{compile_glob, compile_regex};
@@ -164,7 +164,7 @@ impl Param for Regex {
     }
 }
 
-impl Param for GlobMatcher {
+impl Param for NameGlob {
     fn read(node: &Node) -> Option<Self> {
         compile_glob(node.as_str()?).ok()
     }

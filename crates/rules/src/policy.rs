@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use globset::GlobMatcher;
+use crate::check::NameGlob;
 use serde_saphyr::Spanned;
 
 use crate::check::{Budget, check_section, compile_glob};
@@ -55,8 +55,8 @@ pub struct Policy {
 
 #[derive(Clone, Debug)]
 struct Override {
-    backend: Option<GlobMatcher>,
-    model: Option<GlobMatcher>,
+    backend: Option<NameGlob>,
+    model: Option<NameGlob>,
     node: Node,
 }
 
@@ -266,7 +266,7 @@ impl Policy {
     /// Two targets with the same list resolve to the same configuration, so a host can compile
     /// the rules once per list rather than once per model name.
     pub fn matching_overrides(&self, backend: Option<&str>, model: Option<&str>) -> Vec<usize> {
-        let fits = |m: &Option<GlobMatcher>, v: Option<&str>| match (m, v) {
+        let fits = |m: &Option<NameGlob>, v: Option<&str>| match (m, v) {
             (None, _) => true,
             (Some(m), Some(v)) => m.is_match(v),
             (Some(_), None) => false,

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use globset::GlobMatcher;
+use crate::check::NameGlob;
 use regex::Regex;
 
 use crate::config::{Action, Counted, Ladder, Nudge};
@@ -610,7 +610,7 @@ detector_section! {
         /// the Nth call of a tool that does not exist is flagged
         threshold: u32 = COUNT, "2";
         /// tools the agent has; when empty, a tool is unknown once a result says so
-        known_tools: Vec<GlobMatcher> = GLOBS, "[]";
+        known_tools: Vec<NameGlob> = GLOBS, "[]";
         /// regexes on error results that mean the tool does not exist
         error_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)\b(unknown|invalid|unrecognized|unsupported) tool\b', '(?i)\btool\b.{0,80}\b(not found|does not exist|is not available|not registered)', '(?i)\bno such tool\b']"#;
@@ -722,7 +722,7 @@ section! {
     #[derive(Clone, Debug)]
     pub struct Shell in SHELL {
         /// tools whose calls are shell commands
-        tools: Vec<GlobMatcher> = GLOBS,
+        tools: Vec<NameGlob> = GLOBS,
             "[bash, sh, shell, zsh, run_shell_command, execute_bash, execute_command, exec_command, run_command, terminal, run_terminal_cmd, run_in_terminal, local_shell, container.exec]";
         /// argument keys holding the command
         command_keys: Vec<String> = STRS, "[command, cmd, script, commands, input]";

@@ -1,6 +1,8 @@
 //! Checks that need the whole, merged policy: rules that types alone cannot express.
 
-use crate::check::compile_glob;
+use std::collections::HashMap;
+
+use crate::check::{NameGlob, compile_glob, has_glob_syntax};
 use crate::diagnostic::{Diagnostic, did_you_mean};
 use crate::node::{Node, Value};
 use crate::schema::{Detector, FORMAT_VERSION};
@@ -261,8 +263,8 @@ fn check_categories(root: &Node, out: &mut Vec<Diagnostic>) {
         .get("categories")
         .and_then(Node::as_map)
         .unwrap_or_default();
-    // (category name, pattern node)
-    let mut seen: Vec<(&str, &Node)> = Vec::new();
+    // Every pattern in order: (category name, pattern node, its text).
+    let mut patterns: Vec<(&str, &Node, &str)> = Vec::new();
     for (name_node, cat) in cats {
         let Some(name) = name_node.as_str() else {
             continue;
@@ -280,35 +282,104 @@ fn check_categories(root: &Node, out: &mut Vec<Diagnostic>) {
             );
         }
         for pattern in tools.unwrap_or_default() {
-            let Some(p) = pattern.as_str() else { continue };
-            for (other_name, other) in &seen {
-                let Some(q) = other.as_str() else { continue };
-                if *other_name == name {
-                    continue;
-                }
-                let overlap = p == q
-                    || (!has_glob(p) && compile_glob(q).is_ok_and(|g| g.is_match(p)))
-                    || (!has_glob(q) && compile_glob(p).is_ok_and(|g| g.is_match(q)));
-                if overlap {
-                    let what = if p == q {
-                        format!("tool `{p}`")
-                    } else {
-                        format!("tool `{p}` (matching `{q}`)")
-                    };
-                    out.push(
-                        Diagnostic::error(
-                            "tool-in-two-categories",
-                            pattern.span,
-                            format!("{what} is in categories `{other_name}` and `{name}`"),
-                        )
-                        .with_label(format!("already in `{other_name}`"))
-                        .with_help("a tool belongs to one category: remove it from one, or place it with `tools.<name>.category`"),
-                    );
-                }
+            if let Some(p) = pattern.as_str() {
+                patterns.push((name, pattern, p));
             }
-            seen.push((name, pattern));
         }
     }
+    // A pattern overlaps an earlier one of another category when both are the same text, or
+    // one is a plain name the other (a glob) matches. Plain names are compared through a map,
+    // and each distinct plain name is matched once against a set of every glob: a long list
+    // costs a lookup and one search per name, never a compile or a match per pair.
+    let globs: Vec<(usize, NameGlob)> = patterns
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, _, p))| has_glob_syntax(p))
+        .filter_map(|(i, (_, _, p))| Some((i, compile_glob(p).ok()?)))
+        .collect();
+    let set = glob_set(&globs);
+    // For each pattern, the earliest pattern before it that overlaps it.
+    let mut overlaps: Vec<Option<usize>> = vec![None; patterns.len()];
+    let mut earlier = |later: usize, j: usize| {
+        let slot = &mut overlaps[later];
+        *slot = Some(slot.map_or(j, |s| s.min(j)));
+    };
+    // The first pattern of each text in each category, by text.
+    let mut first: HashMap<&str, Vec<(usize, &str)>> = HashMap::new();
+    for (i, &(name, _, p)) in patterns.iter().enumerate() {
+        let seen = first.entry(p).or_default();
+        if let Some(&(j, _)) = seen.iter().find(|(_, c)| *c != name) {
+            earlier(i, j);
+        }
+        if seen.iter().any(|(_, c)| *c == name) {
+            continue; // the same text again in one category: matched like the first
+        }
+        seen.push((i, name));
+        if has_glob_syntax(p) {
+            continue;
+        }
+        let hits: Vec<usize> = match &set {
+            Some(set) => set.matches(p).into_iter().map(|k| globs[k].0).collect(),
+            None => globs
+                .iter()
+                .filter(|(_, g)| g.is_match(p))
+                .map(|(k, _)| *k)
+                .collect(),
+        };
+        for k in hits {
+            if patterns[k].0 != name {
+                if k < i {
+                    earlier(i, k);
+                } else {
+                    earlier(k, i);
+                }
+            }
+        }
+    }
+    // A plain name repeated in its category overlaps what its first occurrence overlaps.
+    for (i, &(name, _, p)) in patterns.iter().enumerate() {
+        if overlaps[i].is_none()
+            && !has_glob_syntax(p)
+            && let Some(&(f, _)) = first
+                .get(p)
+                .and_then(|s| s.iter().find(|(_, c)| *c == name))
+            && f != i
+            && let Some(j) = overlaps[f].filter(|&j| j < i && has_glob_syntax(patterns[j].2))
+        {
+            overlaps[i] = Some(j);
+        }
+    }
+    for (i, &(name, pattern, p)) in patterns.iter().enumerate() {
+        let Some(j) = overlaps[i] else { continue };
+        let (other_name, _, q) = patterns[j];
+        let what = if p == q {
+            format!("tool `{p}`")
+        } else {
+            format!("tool `{p}` (matching `{q}`)")
+        };
+        out.push(
+            Diagnostic::error(
+                "tool-in-two-categories",
+                pattern.span,
+                format!("{what} is in categories `{other_name}` and `{name}`"),
+            )
+            .with_label(format!("already in `{other_name}`"))
+            .with_help("a tool belongs to one category: remove it from one, or place it with `tools.<name>.category`"),
+        );
+    }
+}
+
+/// One set of the compiled globs, searched once per name (`None` if `globset` cannot build
+/// it: then each glob is matched on its own).
+fn glob_set(globs: &[(usize, NameGlob)]) -> Option<globset::GlobSet> {
+    let mut builder = globset::GlobSetBuilder::new();
+    for (_, g) in globs {
+        match g {
+            NameGlob::Glob(m) => builder.add(m.glob().clone()),
+            NameGlob::Literal(_) => return None,
+        };
+    }
+    builder.build().ok()
 }
 
 /// `tools.<name>.category` names a category of the policy.
@@ -346,10 +417,6 @@ fn check_tool_categories(root: &Node, out: &mut Vec<Diagnostic>) {
             )),
         });
     }
-}
-
-fn has_glob(p: &str) -> bool {
-    p.contains(['*', '?', '[', '{'])
 }
 
 fn check_ladders(root: &Node, out: &mut Vec<Diagnostic>) {
@@ -512,5 +579,54 @@ fn check_unused_ladders(root: &Node, out: &mut Vec<Diagnostic>) {
                     .with_help("name it in `escalation.ladder`, a category's `ladder` or a detector's `ladder`, or remove it"),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn overlaps(yaml: &str) -> Vec<String> {
+        let root = crate::policy::parse_default(yaml);
+        let mut out = Vec::new();
+        check_categories(&root, &mut out);
+        out.into_iter()
+            .filter(|d| d.code == "tool-in-two-categories")
+            .map(|d| d.message)
+            .collect()
+    }
+
+    #[test]
+    fn a_tool_in_two_categories_is_reported_once_at_the_later_pattern() {
+        let found = overlaps(
+            "categories:\n  a: { tools: [x, \"mcp__*\", y] }\n  b: { tools: [y, mcp__fs, x, x] }\n  c: { tools: [\"m*\"] }\n",
+        );
+        assert_eq!(
+            found,
+            [
+                "tool `y` is in categories `a` and `b`",
+                "tool `mcp__fs` (matching `mcp__*`) is in categories `a` and `b`",
+                "tool `x` is in categories `a` and `b`",
+                "tool `x` is in categories `a` and `b`",
+                "tool `m*` (matching `mcp__fs`) is in categories `b` and `c`",
+            ]
+        );
+        // One category may list a name twice, and a glob beside the names it matches.
+        assert!(overlaps("categories:\n  a: { tools: [x, x, \"x*\", xy] }\n").is_empty());
+        // Two globs are not compared with each other.
+        assert!(
+            overlaps("categories:\n  a: { tools: [\"a*\"] }\n  b: { tools: [\"ab*\"] }\n")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_name_repeated_after_a_glob_of_another_category_is_reported() {
+        let found =
+            overlaps("categories:\n  a: { tools: [\"w*\"] }\n  b: { tools: [write, write] }\n");
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().all(|m| m.contains("(matching `w*`)")));
     }
 }
