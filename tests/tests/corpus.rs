@@ -50,6 +50,7 @@ const FAMILIES: &[(&str, bool, bool)] = &[
     ("stagnation", true, true),
     ("polling", true, true),
     ("bookkeeping", true, true),
+    ("text-calls", true, true),
 ];
 
 #[test]

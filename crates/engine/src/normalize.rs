@@ -191,7 +191,10 @@ impl ResultRules {
         // different attempts (other content, other arguments echoed in between) is the same
         // outcome.
         let digest = if error {
-            let mut lines = masked.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut lines = masked
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !is_id_line(l));
             let first = lines.next().unwrap_or("");
             let last = lines.next_back().unwrap_or("");
             let mut h = StreamHasher::new();
@@ -201,7 +204,7 @@ impl ResultRules {
             signature_line(&mut h, last.as_bytes());
             h.finish()
         } else {
-            digest_folding_ends(masked)
+            digest_folding_ends(without_id_ends(masked))
         };
         Outcome {
             digest,
@@ -214,6 +217,40 @@ impl ResultRules {
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
+}
+
+/// Whether a line only names an id (`Call id: call_3`, `request-id = 7f3a`, `Trace ID: …`): a
+/// harness's label of the attempt, not part of what failed, so no signature line.
+fn is_id_line(line: &str) -> bool {
+    let Some((label, value)) = line.split_once([':', '=']) else {
+        return false;
+    };
+    let (label, value) = (label.trim(), value.trim());
+    if label.len() > 40 || value.is_empty() || value.contains(char::is_whitespace) {
+        return false;
+    }
+    let mut words = label.split(|c: char| c.is_whitespace() || c == '-' || c == '_');
+    words
+        .next_back()
+        .is_some_and(|w| w.eq_ignore_ascii_case("id"))
+        && words.count() <= 2
+}
+
+/// `masked` without a first or last line that only names an id ([`is_id_line`]): a harness
+/// that labels each output with its call's id (`Call id: call_3`) changes nothing else.
+pub(super) fn without_id_ends(masked: &str) -> &str {
+    let mut text = masked;
+    if let Some((first, rest)) = text.split_once('\n')
+        && is_id_line(first.trim())
+    {
+        text = rest.trim_start();
+    }
+    if let Some((rest, last)) = text.rsplit_once('\n')
+        && is_id_line(last.trim())
+    {
+        text = rest.trim_end();
+    }
+    text
 }
 
 /// Hashes a line of an error with its quoted parts as `<q>`: an error that echoes what it was

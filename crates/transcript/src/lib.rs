@@ -39,6 +39,7 @@
 
 pub mod messages;
 pub mod replay;
+mod text_calls;
 
 use std::collections::HashMap;
 use std::fmt;

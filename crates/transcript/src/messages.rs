@@ -11,14 +11,17 @@
 //! - a tool result answers the call whose id it names (a legacy `function` result, the latest
 //!   call);
 //! - user-role text beside tool results, or right after them, is the host's (a framework's
-//!   observation, a reminder, a "continue" prompt), not a person's: it is `injected`.
+//!   observation, a reminder, a "continue" prompt), not a person's: it is `injected`;
+//! - an assistant message without calls whose text makes one in a form agents without native
+//!   tool calling write (ReAct, XML tool use, code or shell actions: `text_calls.rs`) makes that
+//!   call, and the user message after it is the call's result.
 //!
 //! [`Mode::Strict`] (recorded files) refuses what it does not know, naming the line;
 //! [`Mode::Lenient`] (live traffic, where APIs grow new block and item types) passes over it.
 
 use serde_json::{Map, Value, json};
 
-use crate::{Args, BadInput, Clock, DEFAULT_SESSION, Fields, Item, Kind, Line};
+use crate::{Args, BadInput, Clock, DEFAULT_SESSION, Fields, Item, Kind, Line, text_calls};
 
 /// How a reader treats roles, block types and item types it does not know, and messages it
 /// cannot read.
@@ -304,6 +307,23 @@ pub(crate) struct Reader {
     turn: u64,
     synthetic_ids: u64,
     latest_call: Option<String>,
+    /// A call the previous message made in its text, which the next user message answers.
+    text_call: Option<TextPending>,
+}
+
+/// A call read from an assistant's text, waiting for the message after it.
+enum TextPending {
+    /// Made (the form was plain): the next user message is its result.
+    Made { id: String },
+    /// A shell block, made only if the next user message is an observation: the call, and the
+    /// index of the text item that becomes narration then.
+    IfObserved {
+        line: Line,
+        time: Option<f64>,
+        tool: String,
+        arguments: serde_json::Value,
+        text_item: usize,
+    },
 }
 
 impl Reader {
@@ -315,6 +335,7 @@ impl Reader {
             turn: 0,
             synthetic_ids: 0,
             latest_call: None,
+            text_call: None,
         }
     }
 
@@ -366,6 +387,7 @@ impl Reader {
             .string("role")?
             .ok_or_else(|| BadInput::at(line, "the message has no `role`"))?;
         let time = f.seconds("time")?;
+        let pending = self.text_call.take();
         match role.as_str() {
             "system" | "developer" => {}
             "assistant" => self.assistant(line, time, obj)?,
@@ -412,6 +434,7 @@ impl Reader {
                             ..
                         })
                     );
+                let answered = !results.is_empty();
                 for (id, output, error) in results {
                     self.push(
                         line,
@@ -425,6 +448,22 @@ impl Reader {
                     );
                 }
                 let text = texts.join("\n");
+                if !answered
+                    && let Some(pending) = pending
+                    && let Some(id) = self.answer_text_call(pending, &text)
+                {
+                    self.push(
+                        line,
+                        time,
+                        Kind::Result {
+                            id,
+                            output: text,
+                            error: false,
+                            exit_code: None,
+                        },
+                    );
+                    return Ok(());
+                }
                 if !text.trim().is_empty() {
                     // Text beside or right after tool results is the host's (a reminder, an
                     // observation, a "continue" prompt), not a person's.
@@ -472,6 +511,15 @@ impl Reader {
             calls.push(legacy_function_call(fc, line)?);
         }
         self.turn += 1;
+        let mut if_observed = None;
+        let from_text = calls.is_empty();
+        if from_text && let Some(tc) = text_calls::text_call(&texts.join("\n")) {
+            if tc.sure {
+                calls.push((None, tc.tool, Args::Json(tc.arguments)));
+            } else {
+                if_observed = Some((tc.tool, tc.arguments));
+            }
+        }
         let reasoned = reasoning.iter().any(|r| !r.trim().is_empty());
         for r in reasoning.into_iter().filter(|r| !r.trim().is_empty()) {
             self.push(
@@ -501,12 +549,27 @@ impl Reader {
                 },
             );
         }
+        if let Some((tool, arguments)) = if_observed
+            && let Some(text_item) = self.items.len().checked_sub(1)
+        {
+            self.text_call = Some(TextPending::IfObserved {
+                line,
+                time,
+                tool,
+                arguments,
+                text_item,
+            });
+        }
+        let made_in_text = from_text && !calls.is_empty();
         for (id, tool, arguments) in calls {
             let id = id.unwrap_or_else(|| {
                 self.synthetic_ids += 1;
                 format!("call_{}", self.synthetic_ids)
             });
             self.latest_call = Some(id.clone());
+            if made_in_text {
+                self.text_call = Some(TextPending::Made { id: id.clone() });
+            }
             self.push(
                 line,
                 time,
@@ -518,6 +581,45 @@ impl Reader {
             );
         }
         Ok(())
+    }
+
+    /// The id of the call a user message answers when the message before it made one in its
+    /// text; a shell block's call is made here when the message is an observation.
+    fn answer_text_call(&mut self, pending: TextPending, text: &str) -> Option<String> {
+        match pending {
+            TextPending::Made { id } => Some(id),
+            TextPending::IfObserved {
+                line,
+                time,
+                tool,
+                arguments,
+                text_item,
+            } => {
+                if !text_calls::is_observation(text) {
+                    return None;
+                }
+                if let Some(Item {
+                    kind: Kind::Text { narration, .. },
+                    ..
+                }) = self.items.get_mut(text_item)
+                {
+                    *narration = true;
+                }
+                self.synthetic_ids += 1;
+                let id = format!("call_{}", self.synthetic_ids);
+                self.latest_call = Some(id.clone());
+                self.push(
+                    line,
+                    time,
+                    Kind::Call {
+                        id: id.clone(),
+                        tool,
+                        arguments: Args::Json(arguments),
+                    },
+                );
+                Some(id)
+            }
+        }
     }
 
     /// Reads message content: a string, or an array of parts / blocks (OpenAI `text` parts,

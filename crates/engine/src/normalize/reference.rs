@@ -530,7 +530,10 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
     // different attempts (other content, other arguments echoed in between) is the same
     // outcome.
     let digest = if error {
-        let mut lines = masked.lines().map(str::trim).filter(|l| !l.is_empty());
+        let mut lines = masked
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !super::is_id_line(l));
         let first = lines.next().unwrap_or("");
         let last = lines.next_back().unwrap_or("");
         let mut h = StreamHasher::new();
@@ -540,7 +543,7 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         signature_line(&mut h, last.as_bytes());
         h.finish()
     } else {
-        digest_folding_ends(masked)
+        digest_folding_ends(super::without_id_ends(masked))
     };
     Outcome {
         digest,

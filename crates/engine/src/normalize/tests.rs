@@ -469,3 +469,58 @@ fn long_texts_as_the_plain_forms() {
         }
     }
 }
+
+#[test]
+fn an_error_labelled_with_its_attempts_id_is_the_same_error() {
+    let loaded = loopguard_rules::Policy::builtin_default();
+    let c = loaded.policy.unwrap().resolve(None, None);
+    let rules = ResultRules::from_config(&c);
+    let failure = |n: u32| {
+        format!(
+            "Call id: call_{n}\nError:\nCode execution failed at line 'page = visit(url)' due to: ConnectionError\nNow retry."
+        )
+    };
+    let outcome = |text: &str| {
+        rules.outcome(&ToolResult {
+            session: "s",
+            call_id: "c",
+            output: text,
+            is_error: true,
+            exit_code: None,
+            time_ms: 0,
+        })
+    };
+    assert_eq!(outcome(&failure(1)).digest, outcome(&failure(7)).digest);
+    // The line naming what failed still tells failures apart.
+    let other = failure(2).replace("ConnectionError\nNow", "TimeoutError\nLater");
+    assert_ne!(outcome(&failure(1)).digest, outcome(&other).digest);
+    // The same for an output that is no error.
+    let fine = |n: u32| {
+        format!("Call id: call_{n}\nObservation:\nExecution logs:\nPage 2 of 41\nLast output: None")
+    };
+    let ok = |text: &str| {
+        rules.outcome(&ToolResult {
+            session: "s",
+            call_id: "c",
+            output: text,
+            is_error: false,
+            exit_code: None,
+            time_ms: 0,
+        })
+    };
+    assert_eq!(ok(&fine(1)).digest, ok(&fine(2)).digest);
+    assert_ne!(
+        ok(&fine(1)).digest,
+        ok(&fine(1).replace("Page 2", "Page 3")).digest
+    );
+    for (line, id) in [
+        ("Call id: call_3", true),
+        ("request-id = 7f3a9c", true),
+        ("Trace ID: 0af7651916cd43dd", true),
+        ("Error: no such id: 7", false),
+        ("the user id: is missing", false),
+        ("id:", false),
+    ] {
+        assert_eq!(is_id_line(line), id, "{line}");
+    }
+}

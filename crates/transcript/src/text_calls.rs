@@ -1,0 +1,442 @@
+//! Tool calls written in an assistant's text, as agents without native tool calling write
+//! them, and the observations that answer them.
+//!
+//! Forms read (each in one linear pass, bounded by the text):
+//!
+//! - **ReAct** (LangChain agents and their kin): an `Action: <tool>` line and an
+//!   `Action Input: <input>` after it, or `Action:` with a fenced JSON blob
+//!   `{"action": <tool>, "action_input": <input>}`; `Final Answer` is no call.
+//! - **XML tool use** (Cline, Roo Code, Kilo Code): the message ends with
+//!   `<tool_name><param>value</param>…</tool_name>`, a snake_case name with an underscore;
+//!   `<tool_call>{"name": …, "arguments": …}</tool_call>` (Hermes, Qwen) names its tool inside.
+//! - **Code actions** (smolagents' CodeAgent): a fenced block followed by `<end_code>`, a
+//!   `Code:` line followed by a fenced block, or `<code>…</code>` ending the message: a call of
+//!   `python` with the code.
+//! - **Shell actions** (SWE-agent and other thought-action agents): the message ends with a
+//!   fenced shell block. Prose ends with code often enough that this form counts as a call only
+//!   when the next message is an observation ([`is_observation`]).
+//!
+//! The next user message after a call read from text is its result: such frameworks send the
+//! observation as a user message.
+
+use serde_json::{Map, Value, json};
+
+/// A call read from an assistant's text.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TextCall {
+    pub tool: String,
+    pub arguments: Value,
+    /// The form says plainly that it is a call; `false` for a shell block, which is a call
+    /// only when an observation answers it.
+    pub sure: bool,
+}
+
+/// Longest tool name read from text.
+const MAX_NAME: usize = 64;
+/// Most tags an XML tool use is searched for parameters.
+const MAX_PARAMS: usize = 64;
+
+/// The call an assistant's text makes, if it makes one.
+pub(crate) fn text_call(text: &str) -> Option<TextCall> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    xml_call(text)
+        .or_else(|| react_call(text))
+        .or_else(|| code_call(text))
+        .or_else(|| shell_call(text))
+}
+
+/// Whether a user message is a framework's observation of what a call did.
+pub(crate) fn is_observation(text: &str) -> bool {
+    let t = text.trim();
+    let head: String = t.chars().take(16).collect::<String>().to_ascii_lowercase();
+    head.starts_with("observation")
+        || head.starts_with("execution logs")
+        || t.ends_with("bash-$")
+        || t.contains("(Current directory:")
+}
+
+// --- XML tool use ------------------------------------------------------------------------
+
+fn is_snake_name(name: &str) -> bool {
+    name.len() <= MAX_NAME
+        && name.contains('_')
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+fn xml_call(text: &str) -> Option<TextCall> {
+    let close_at = text.rfind("</")?;
+    let name = text[close_at + 2..].strip_suffix('>')?;
+    if !is_snake_name(name) {
+        return None;
+    }
+    let open = format!("<{name}>");
+    let start = text[..close_at].find(&open)?;
+    // The opening tag starts a line.
+    let before = text[..start].trim_end_matches([' ', '\t']);
+    if !(before.is_empty() || before.ends_with('\n')) {
+        return None;
+    }
+    let inner = &text[start + open.len()..close_at];
+    if matches!(name, "tool_call" | "function_call") {
+        let v: Value = serde_json::from_str(inner.trim()).ok()?;
+        let tool = v.get("name").and_then(Value::as_str)?;
+        if tool.is_empty() || tool.len() > MAX_NAME {
+            return None;
+        }
+        let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
+            Some(Value::String(s)) => {
+                serde_json::from_str(s).unwrap_or_else(|_| json!({ "input": s }))
+            }
+            Some(a) => a.clone(),
+            None => json!({}),
+        };
+        return Some(TextCall {
+            tool: tool.to_owned(),
+            arguments,
+            sure: true,
+        });
+    }
+    Some(TextCall {
+        tool: name.to_owned(),
+        arguments: xml_children(inner),
+        sure: true,
+    })
+}
+
+/// The top-level `<k>v</k>` elements of a tool use, as an object (values trimmed, nested
+/// markup kept as text); `{"input": …}` for text without elements.
+fn xml_children(inner: &str) -> Value {
+    let mut out = Map::new();
+    let mut rest = inner;
+    // Each tag tried searches the rest for its end: a bounded number of tries keeps a text
+    // of many unclosed tags linear.
+    let mut tries = 0;
+    while let Some(lt) = rest.find('<') {
+        tries += 1;
+        if tries > MAX_PARAMS {
+            break;
+        }
+        let after = &rest[lt + 1..];
+        let Some(gt) = after.find('>') else { break };
+        let key = &after[..gt];
+        let valid = !key.is_empty()
+            && key.len() <= MAX_NAME
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !valid {
+            rest = after;
+            continue;
+        }
+        let body = &after[gt + 1..];
+        let close = format!("</{key}>");
+        let Some(end) = body.find(&close) else {
+            rest = after;
+            continue;
+        };
+        out.insert(key.to_owned(), Value::String(body[..end].trim().to_owned()));
+        rest = &body[end + close.len()..];
+    }
+    if out.is_empty() {
+        json!({ "input": inner.trim() })
+    } else {
+        Value::Object(out)
+    }
+}
+
+// --- ReAct ---------------------------------------------------------------------------------
+
+/// The text after `label:` when `line` (trimmed, bold markers dropped) starts with it.
+fn labelled<'a>(line: &'a str, label: &str) -> Option<&'a str> {
+    let l = line.trim().trim_start_matches("**");
+    let rest = l.get(..label.len())?;
+    if !rest.eq_ignore_ascii_case(label) {
+        return None;
+    }
+    let rest = l[label.len()..].trim_start_matches("**").trim_start();
+    Some(rest.strip_prefix(':')?.trim_start_matches("**").trim())
+}
+
+fn react_call(text: &str) -> Option<TextCall> {
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.iter().any(|l| labelled(l, "Final Answer").is_some()) {
+        return None;
+    }
+    let at = lines
+        .iter()
+        .rposition(|l| labelled(l, "Action").is_some())?;
+    let named = labelled(lines[at], "Action")?
+        .trim_matches(|c: char| matches!(c, '`' | '"' | '\'' | '*'))
+        .trim();
+    let rest = &lines[at + 1..];
+    if named.is_empty() {
+        // `Action:` and a JSON blob naming the tool.
+        let joined = rest.join("\n");
+        let blob = fenced_body(&joined)?;
+        let v: Value = serde_json::from_str(blob.trim()).ok()?;
+        let tool = v.get("action").and_then(Value::as_str)?;
+        if is_final(tool) || tool.len() > MAX_NAME {
+            return None;
+        }
+        return Some(TextCall {
+            tool: tool.to_owned(),
+            arguments: input_arguments(v.get("action_input").cloned().unwrap_or(Value::Null)),
+            sure: true,
+        });
+    }
+    if is_final(named) || named.len() > MAX_NAME || named.split_whitespace().count() > 4 {
+        return None;
+    }
+    let k = rest
+        .iter()
+        .position(|l| labelled(l, "Action Input").is_some())?;
+    let mut input = vec![labelled(rest[k], "Action Input")?];
+    input.extend(
+        rest[k + 1..]
+            .iter()
+            .take_while(|l| labelled(l, "Observation").is_none())
+            .copied(),
+    );
+    let input = input.join("\n");
+    let input = fenced_body(&input).unwrap_or(&input).trim();
+    let value = serde_json::from_str::<Value>(input)
+        .ok()
+        .unwrap_or_else(|| Value::String(input.trim_matches('"').to_owned()));
+    Some(TextCall {
+        tool: named.to_owned(),
+        arguments: input_arguments(value),
+        sure: true,
+    })
+}
+
+fn is_final(tool: &str) -> bool {
+    tool.eq_ignore_ascii_case("final answer") || tool.eq_ignore_ascii_case("none")
+}
+
+/// A ReAct input as arguments: an object as it is, anything else as `{"input": …}`.
+fn input_arguments(v: Value) -> Value {
+    match v {
+        Value::Object(_) => v,
+        Value::Null => json!({}),
+        other => json!({ "input": other }),
+    }
+}
+
+/// The body of the first fenced block in `text`.
+fn fenced_body(text: &str) -> Option<&str> {
+    let open = text.find("```")?;
+    let after = &text[open + 3..];
+    let body_start = after.find('\n')? + 1;
+    let body = &after[body_start..];
+    let end = body.find("```")?;
+    Some(&body[..end])
+}
+
+// --- code and shell actions ----------------------------------------------------------------
+
+/// The last fenced block of `text` when the text ends with it (`end` allows a suffix such as
+/// `<end_code>` after the fence): its language tag and body.
+fn last_fence<'a>(text: &'a str, end: &str) -> Option<(&'a str, &'a str)> {
+    let t = text.trim_end().strip_suffix(end)?.trim_end();
+    let t = t.strip_suffix("```")?;
+    let open = t.rfind("```")?;
+    let after = &t[open + 3..];
+    let nl = after.find('\n')?;
+    let lang = after[..nl].trim();
+    if lang.contains(char::is_whitespace) {
+        return None;
+    }
+    Some((lang, after[nl + 1..].trim_end_matches('\n')))
+}
+
+fn code_call(text: &str) -> Option<TextCall> {
+    let code = |body: &str| {
+        let body = body.trim();
+        (!body.is_empty()).then(|| TextCall {
+            tool: "python".to_owned(),
+            arguments: json!({ "code": body }),
+            sure: true,
+        })
+    };
+    if let Some((lang, body)) = last_fence(text, "<end_code>")
+        && matches!(lang, "" | "py" | "python")
+    {
+        return code(body);
+    }
+    if let Some(t) = text.trim_end().strip_suffix("</code>")
+        && let Some(open) = t.rfind("<code>")
+        && text.lines().any(|l| labelled(l, "Thought").is_some())
+    {
+        return code(&t[open + "<code>".len()..]);
+    }
+    let (lang, body) = last_fence(text, "")?;
+    let before = &text[..text.rfind(body)?];
+    let code_label = before
+        .lines()
+        .rev()
+        .nth(1)
+        .is_some_and(|l| labelled(l, "Code").is_some_and(str::is_empty));
+    if code_label && matches!(lang, "" | "py" | "python") {
+        return code(body);
+    }
+    None
+}
+
+fn shell_call(text: &str) -> Option<TextCall> {
+    let (lang, body) = last_fence(text, "")?;
+    if !matches!(lang, "" | "bash" | "sh" | "shell" | "console") {
+        return None;
+    }
+    let command = body.trim();
+    if command.is_empty() || command.len() > 16 << 10 {
+        return None;
+    }
+    Some(TextCall {
+        tool: "bash".to_owned(),
+        arguments: json!({ "command": command }),
+        sure: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn call(text: &str) -> Option<(String, Value, bool)> {
+        text_call(text).map(|c| (c.tool, c.arguments, c.sure))
+    }
+
+    #[test]
+    fn react_actions_are_calls_and_final_answers_are_not() {
+        assert_eq!(
+            call(
+                "Thought: I should look it up.\nAction: search\nAction Input: rust borrow checker"
+            ),
+            Some((
+                "search".into(),
+                json!({"input": "rust borrow checker"}),
+                true
+            ))
+        );
+        assert_eq!(
+            call("Thought: read it\nAction: `read_file`\nAction Input: {\"path\": \"a.rs\"}\n"),
+            Some(("read_file".into(), json!({"path": "a.rs"}), true))
+        );
+        assert_eq!(
+            call(
+                "Thought: x\nAction:\n```json\n{\"action\": \"search\", \"action_input\": \"q\"}\n```"
+            ),
+            Some(("search".into(), json!({"input": "q"}), true))
+        );
+        assert_eq!(
+            call("Thought: done\nFinal Answer: 42"),
+            None,
+            "an answer is no call"
+        );
+        assert_eq!(
+            call("Action:\n```json\n{\"action\": \"Final Answer\", \"action_input\": \"42\"}\n```"),
+            None
+        );
+        assert_eq!(call("Action: search"), None, "no input, no call");
+    }
+
+    #[test]
+    fn xml_tool_use_ending_the_message_is_a_call() {
+        assert_eq!(
+            call(
+                "<thinking>Look at it.</thinking>\n<read_file>\n<path>src/main.rs</path>\n</read_file>"
+            ),
+            Some(("read_file".into(), json!({"path": "src/main.rs"}), true))
+        );
+        assert_eq!(
+            call(
+                "I will run it.\n\n<execute_command>\n<command>cargo test</command>\n<requires_approval>false</requires_approval>\n</execute_command>"
+            ),
+            Some((
+                "execute_command".into(),
+                json!({"command": "cargo test", "requires_approval": "false"}),
+                true
+            ))
+        );
+        assert_eq!(
+            call(
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
+            ),
+            Some(("get_weather".into(), json!({"city": "Oslo"}), true))
+        );
+        // Markup inside prose, or a tag that is no tool's name, is no call.
+        assert_eq!(call("Use <b>bold</b>"), None);
+        assert_eq!(call("The tag is <read_file>x</read_file> inline"), None);
+        assert_eq!(call("<thinking>hmm</thinking>"), None);
+    }
+
+    #[test]
+    fn code_actions_are_python_calls() {
+        assert_eq!(
+            call("Thought: search\nCode:\n```py\nprint(web_search(\"x\"))\n```<end_code>"),
+            Some((
+                "python".into(),
+                json!({"code": "print(web_search(\"x\"))"}),
+                true
+            ))
+        );
+        assert_eq!(
+            call("Thought: search\n<code>\nprint(1)\n</code>"),
+            Some(("python".into(), json!({"code": "print(1)"}), true))
+        );
+        assert_eq!(
+            call("Thought: search\nCode:\n```python\nx = 1\n```"),
+            Some(("python".into(), json!({"code": "x = 1"}), true))
+        );
+    }
+
+    #[test]
+    fn a_closing_shell_block_is_a_call_only_if_observed() {
+        assert_eq!(
+            call("Let me list the files.\n\n```\nls -la\n```"),
+            Some(("bash".into(), json!({"command": "ls -la"}), false))
+        );
+        assert_eq!(
+            call("Here is an example:\n```rust\nfn main() {}\n```"),
+            None
+        );
+        assert_eq!(call("```\nls\n``` and then more prose"), None);
+        assert!(is_observation("OBSERVATION:\nfile.txt"));
+        assert!(is_observation(
+            "file.txt\n(Open file: n/a)\n(Current directory: /repo)\nbash-$"
+        ));
+        assert!(is_observation("Observation: 3 results"));
+        assert!(!is_observation("Thanks! Now do the other thing."));
+    }
+
+    #[test]
+    fn odd_text_never_panics() {
+        for t in [
+            "</",
+            "</a_b>",
+            "<a_b></a_b>",
+            "Action:",
+            "Action: x\nAction Input:",
+            "```",
+            "``````",
+            "```\n```",
+            "<code></code>",
+            "Code:\n```",
+            "é</a_b>",
+            "<tool_call>{}</tool_call>",
+            "**Action**: x\n**Action Input**: y",
+            &format!("<run_it>\n{}</run_it>", "<a>".repeat(100_000)),
+        ] {
+            let _ = text_call(t);
+            let _ = is_observation(t);
+        }
+    }
+}
