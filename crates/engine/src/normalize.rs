@@ -222,6 +222,9 @@ impl ResultRules {
 /// Whether a line only names an id (`Call id: call_3`, `request-id = 7f3a`, `Trace ID: …`): a
 /// harness's label of the attempt, not part of what failed, so no signature line.
 fn is_id_line(line: &str) -> bool {
+    if line.len() > 200 {
+        return false;
+    }
     let Some((label, value)) = line.split_once([':', '=']) else {
         return false;
     };
