@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::check::{NameGlob, compile_glob, has_glob_syntax};
+use crate::check::{GLOB_TOTAL_LIMIT, NameGlob, compile_glob, has_glob_syntax};
 use crate::diagnostic::{Diagnostic, did_you_mean};
 use crate::node::{Node, Value};
 use crate::schema::{Detector, FORMAT_VERSION};
@@ -295,6 +295,8 @@ fn check_categories(root: &Node, out: &mut Vec<Diagnostic>) {
         .iter()
         .enumerate()
         .filter(|(_, (_, _, p))| has_glob_syntax(p))
+        // Past the limit the policy is refused already: the rest are not compiled.
+        .take(GLOB_TOTAL_LIMIT)
         .filter_map(|(i, (_, _, p))| Some((i, compile_glob(p).ok()?)))
         .collect();
     let set = glob_set(&globs);
