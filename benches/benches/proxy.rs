@@ -23,6 +23,11 @@
 //! The upstream (TCP_NODELAY on, as model servers have it) and the clients share one 2-thread
 //! runtime in the bench process; the proxy runs as its own process. On a small machine the three
 //! compete for the same cores, as they would on one host.
+//!
+//! `LOOPGUARD_BENCH_CORES=split` gives the proxy a core of its own, as a deployment does where
+//! the agents and the model server run on other machines: the bench process (clients and
+//! upstream) is pinned to CPU 0 and the proxy to CPU 1 (`taskset`, every thread), for the direct
+//! and the proxied runs alike, so both ways have the same one core for clients and upstream.
 
 #![allow(clippy::expect_used, clippy::panic)] // benchmark setup: a broken setup should stop the run
 
@@ -120,6 +125,9 @@ impl Proxy {
             let _ = child.kill();
             panic!("the proxy did not start: {line:?}");
         };
+        if split_cores() {
+            pin(child.id(), 1);
+        }
         Proxy {
             base: base.to_owned(),
             child,
@@ -434,26 +442,51 @@ fn load_table(s: &Setup, per_client: usize) {
                 100.0 * (proxied.per_second() / direct.per_second() - 1.0)
             )
         );
-        cpu.push((kind, direct.cpu_per_request(), proxied.cpu_per_request()));
+        cpu.push((
+            kind,
+            direct.cpu_per_request(),
+            proxied.cpu_per_request(),
+            proxied.per_second(),
+        ));
     }
     // CPU per request says what the proxy costs whatever else the machine runs: on a machine
     // the clients, the upstream and the proxy share, throughput through the proxy is at most
     // (clients + upstream) / (clients + upstream + proxy) of direct.
-    if cpu.iter().any(|(_, d, _)| d.0 > 0.0) {
+    if cpu.iter().any(|(_, d, _, _)| d.0 > 0.0) {
         println!(
             "CPU time per request (µs): clients and upstream (the bench process), and the proxy"
         );
-        for (kind, d, p) in cpu {
+        for (kind, d, p, per_second) in cpu {
+            // With a core of its own the proxy bounds nothing until that core is full.
+            let last = if split_cores() {
+                format!("proxy's core busy {:>4.0}%", p.1 * per_second / 1e4)
+            } else {
+                format!("bound {:>4.0}% of direct", 100.0 * p.0 / (p.0 + p.1))
+            };
             println!(
-                "{kind:<8} direct {:>8.1}   proxied {:>8.1} + proxy {:>8.1}   bound {:>4.0}% of direct",
-                d.0,
-                p.0,
-                p.1,
-                100.0 * p.0 / (p.0 + p.1)
+                "{kind:<8} direct {:>8.1}   proxied {:>8.1} + proxy {:>8.1}   {last}",
+                d.0, p.0, p.1,
             );
         }
     }
     println!();
+}
+
+// --- cores ---------------------------------------------------------------------------------------
+
+/// Whether the proxy gets a core of its own (`LOOPGUARD_BENCH_CORES=split`).
+fn split_cores() -> bool {
+    std::env::var("LOOPGUARD_BENCH_CORES").is_ok_and(|v| v == "split")
+}
+
+/// Pins every thread of process `pid` to CPU `cpu` (threads it starts later inherit it).
+fn pin(pid: u32, cpu: usize) {
+    let status = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &cpu.to_string(), &pid.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("taskset (util-linux) pins the processes for LOOPGUARD_BENCH_CORES=split");
+    assert!(status.success(), "taskset could not pin {pid} to CPU {cpu}");
 }
 
 // --- main ----------------------------------------------------------------------------------------
@@ -465,6 +498,11 @@ fn main() {
     let filter = args.iter().find(|a| !a.starts_with('-'));
     let table = !has("--list") && filter.is_none_or(|f| "proxy/load".contains(f.as_str()));
 
+    if split_cores() {
+        // Before the runtime starts: its threads inherit the main thread's CPU.
+        pin(std::process::id(), 0);
+        println!("cores: the bench (clients and upstream) on CPU 0, the proxy on CPU 1");
+    }
     let setup = Setup::start();
     let mut c = Criterion::default().configure_from_args();
     latency(&mut c, &setup);

@@ -35,6 +35,8 @@ use call_ids::*;
 
 #[cfg(test)]
 pub(crate) use conversation::allowance;
+#[cfg(test)]
+pub(crate) use result_event::pending_for_tests;
 
 /// Ids of the most recent calls remembered for verdicts (older calls are reported by seq only).
 const ID_POOL: usize = 6;

@@ -345,7 +345,7 @@ fn polling_with_masked_noise_is_no_progress() {
     ));
     let out = |i: u32| {
         format!(
-            "status: pending (message id 123e4567-e89b-12d3-a456-42661417400{i}) pid {} at 2024-01-0{i}T10:00:00Z, read {i} times",
+            "status: degraded (message id 123e4567-e89b-12d3-a456-42661417400{i}) pid {} at 2024-01-0{i}T10:00:00Z, read {i} times",
             1000 + i
         )
     };
@@ -434,6 +434,58 @@ fn allowance_words_and_intervals() {
         10
     );
     assert_eq!(crate::session::allowance(&c.user, "fix the bug"), 0);
+}
+
+#[test]
+fn a_request_not_to_repeat_grants_no_allowance() {
+    let c = default_config();
+    for text in [
+        "try again, do not ReadFile office-details.component.html again and again",
+        "please don't repeat this over and over",
+        "you keep reading it again and again!",
+        "don't keep polling",
+        "Stop running the tests repeatedly.",
+        "why do you keep retrying",
+    ] {
+        assert_eq!(crate::session::allowance(&c.user, text), 0, "{text}");
+    }
+    for (text, n) in [
+        ("keep polling until it finishes", 10),
+        ("can you keep polling every 5 seconds?", 10),
+        ("No, run it 4 times", 4),
+        ("don't stop early, run the benchmark 5 times", 5),
+    ] {
+        assert_eq!(crate::session::allowance(&c.user, text), n, "{text}");
+    }
+}
+
+#[test]
+fn a_user_forbidding_repeats_does_not_lift_the_count() {
+    let mut h = H::default();
+    h.user(
+        "try again, do not read office-details.component.html again and again",
+        false,
+    );
+    let read = json!({"path": "src/app/office-details.component.html"});
+    // Flagged at the third read (on its call or its result), refused at the fourth.
+    let verdicts: Vec<Action> = (0..4)
+        .map(|_| {
+            let (c, r) = h.run("read_file", read.clone(), "<div>office</div>", false);
+            c.action.max(r.action)
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [Action::Allow, Action::Allow, Action::Warn, Action::Block]
+    );
+    // A refusal to retry is no retry either.
+    let mut h = H::default();
+    for _ in 0..2 {
+        h.bash("npm test", "1 failing", true);
+    }
+    h.user("don't re-run the tests, read the failure first", false);
+    let (c, r) = h.bash("npm test", "1 failing", true);
+    assert_eq!(c.action.max(r.action), Action::Warn, "{c:?} {r:?}");
 }
 
 // --- fuzzy, cycle, interleaved --------------------------------------------------------------------
@@ -805,6 +857,77 @@ fn a_poll_is_a_repeat_only_at_twice_the_threshold() {
         }
     }
     assert_eq!(hit, Some(3));
+}
+
+#[test]
+fn polling_a_background_job_that_says_it_is_still_running_is_a_poll() {
+    let running = |t: u32| {
+        format!("<status>running</status>\n\n<timestamp>2026-11-26T15:{t:02}:00Z</timestamp>")
+    };
+    let mut h = H::default();
+    let (c, r) = h.run(
+        "Bash",
+        json!({"command": "find / -name '*.epub'", "run_in_background": true}),
+        "Command running in background with ID: 465bc5",
+        false,
+    );
+    assert!(c.is_allow() && r.is_allow(), "{c:?} {r:?}");
+    // Five looks at a job that is still running: waiting, not a loop.
+    for i in 0..5 {
+        let (c, r) = h.run(
+            "BashOutput",
+            json!({"bash_id": "465bc5"}),
+            &running(i),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "poll {i}: {c:?} {r:?}");
+    }
+    // A job that never finishes is still a loop, later.
+    let mut flagged = None;
+    for i in 5..12 {
+        let (c, r) = h.run(
+            "BashOutput",
+            json!({"bash_id": "465bc5"}),
+            &running(i),
+            false,
+        );
+        if flagged.is_none() && !(c.is_allow() && r.is_allow()) {
+            flagged = Some(i + 1);
+        }
+    }
+    assert_eq!(flagged, Some(6));
+    // The same looks at a job that says nothing of its state are repeats at the threshold.
+    let mut h = H::default();
+    let looks: Vec<bool> = (0..3)
+        .map(|_| {
+            let (c, r) = h.run(
+                "BashOutput",
+                json!({"bash_id": "9"}),
+                "no new output",
+                false,
+            );
+            c.is_allow() && r.is_allow()
+        })
+        .collect();
+    assert_eq!(looks, [true, true, false]);
+}
+
+#[test]
+fn pending_patterns_read_both_ends_of_a_successful_result() {
+    let c = default_config();
+    let p = &c.results.pending_patterns;
+    let pending = |s: &str| super::session::pending_for_tests(p, s);
+    assert!(pending(
+        "{\"id\": 7, \"status\": \"in_progress\", \"conclusion\": null}"
+    ));
+    assert!(pending("build 41 is still running"));
+    assert!(pending(&format!(
+        "{}\nWaiting for deployment \"api\" rollout to finish: 1 of 3 updated",
+        "log line\n".repeat(200)
+    )));
+    assert!(!pending("status: completed\nconclusion: success"));
+    assert!(!pending("def run_in_background(job): ..."));
+    assert!(!pending(""));
 }
 
 #[test]

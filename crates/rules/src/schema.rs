@@ -780,6 +780,12 @@ section! {
         /// failed, for results that carry no error flag or exit code (chat transcripts, the proxy)
         error_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)^[^\n0-9]{0,120}?\b(error|fatal|exception|traceback|panic|panicked|failed|failure)\b', '(?i)^[^\n]{0,200}?\b(command not found|no such file or directory|permission denied|not recognized as|does not exist|no such (function|method|tool|endpoint|table|column|command)|unknown (command|function|tool|method|endpoint))\b', '(?i)\b(exit(ed)?( with)? (code|status)|exit_code|exitcode|returncode)"?\s*[:=]?\s*[1-9]', '(?i)^\W{0,3}"?(status|status_?code|http_?status)"?\s*[:=]\s*"?[45]\d\d\b', '(?i)^\s*HTTP/[0-9.]+ [45]\d\d\b']"#;
+        /// regexes on either end of a successful result (its first and last 512 bytes, as it
+        /// came) that mean the work it looks at is still under way (a background job `running`,
+        /// a rollout `in progress`): the same call made next polls it (flagged only at twice the
+        /// repeat thresholds)
+        pending_patterns: Vec<Regex> = REGEXES,
+            r#"['(?i)<status>\s*(running|pending|queued|in[_ -]?progress|started|starting)\s*</status>', '(?i)\bstill (running|in progress|pending|queued|processing|building|deploying|starting|executing|waiting)\b', '(?i)"(status|state|phase)"\s*:\s*"(running|pending|queued|in_progress|in-progress|processing|started|starting|waiting|creating|provisioning)"', '(?im)^\W{0,3}(status|state|phase)\s*[:=]\s*(running|pending|queued|in[_ -]?progress|processing|waiting|starting)\b', '(?i)\b(running|started|launched) in (the )?background\b', '(?i)\bwaiting for [^\n]{1,80}\bto (finish|complete|be ready|become ready|start)\b']"#;
         /// errors that are infrastructure trouble: retrying them is not a loop
         retryable_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)\b(rate.?limit|too many requests|429|50[0234]|service unavailable|bad gateway|gateway time-?out|overloaded|temporarily unavailable|try again later|ECONNRESET|ETIMEDOUT|connection (reset|refused))\b']"#;

@@ -44,6 +44,9 @@ pub mod flag {
     /// The call was made before the previous call's result came back (calls of one assistant
     /// message): the model decided both before it saw either outcome.
     pub const BATCH: u16 = 1 << 14;
+    /// The result says the work it looks at is still under way (`results.pending_patterns`):
+    /// the same call made next polls it.
+    pub const PENDING: u16 = 1 << 15;
 }
 
 /// How many times their threshold the repeat detectors (`exact_repeat`, `fuzzy_repeat`,

@@ -32,13 +32,18 @@ impl Session {
         let bit = |on: bool, f: u16| if on { f } else { 0 };
         // Against the previous call: made before its result came back, the two were decided
         // together (calls of one assistant message); made right after a wait, this call looks
-        // at what was waited for: it polls.
-        let (batched, after_wait) = self
-            .newest_index()
-            .and_then(|i| self.ring.get(i))
-            .map_or((false, false), |r| {
-                (!r.has(flag::RESULT), r.has(flag::WAIT))
-            });
+        // at what was waited for: it polls; made again right after its result said the work
+        // was still under way, it polls too.
+        let exact = keys.exact as u32;
+        let (batched, after_wait) =
+            self.newest_index()
+                .and_then(|i| self.ring.get(i))
+                .map_or((false, false), |r| {
+                    (
+                        !r.has(flag::RESULT),
+                        r.has(flag::WAIT) || (r.has(flag::PENDING) && r.exact == exact),
+                    )
+                });
         let wait = keys.wait || tool.waits;
         let flags = bit(wait, flag::WAIT)
             | bit(keys.poll || (after_wait && !wait), flag::POLL)
@@ -52,7 +57,7 @@ impl Session {
             )
             | bit(batched, flag::BATCH);
         self.push(Record {
-            exact: keys.exact as u32,
+            exact,
             fuzzy: keys.fuzzy as u32,
             digest: 0,
             sketch: 0,

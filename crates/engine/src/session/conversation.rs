@@ -80,7 +80,10 @@ impl Session {
             text.end_turn();
         }
         let allowance = allowance(user, u.text);
-        let retry = user.retry_requests.iter().any(|re| re.is_match(u.text));
+        let retry = user
+            .retry_requests
+            .iter()
+            .any(|re| re.find_iter(u.text).any(|m| !negated(u.text, m.start())));
         if self.rules.config.time.reset_on_user_message {
             // The calls so far are set aside; their loops keep their escalation unless the
             // person asked for a retry or for repetitions. A refusal decided on a result is
@@ -123,7 +126,13 @@ impl Session {
 /// Extra repeats a user message asks for: the number it names, else the policy's allowance;
 /// 0 when it asks for no repetition.
 pub(crate) fn allowance(user: &loopguard_rules::config::User, text: &str) -> u32 {
-    let Some(m) = user.repeat_requests.iter().find_map(|re| re.find(text)) else {
+    // "Don't read it again and again", "you keep polling": a request not to repeat, or a
+    // complaint about repeating, asks for no repetition.
+    let Some(m) = user.repeat_requests.iter().find_map(|re| {
+        re.find_iter(text)
+            .take(MAX_REQUEST_MATCHES)
+            .find(|m| !negated(text, m.start()))
+    }) else {
         return 0;
     };
     let s = m.as_str();
@@ -155,4 +164,74 @@ pub(crate) fn allowance(user: &loopguard_rules::config::User, text: &str) -> u32
                 .map(|&(_, n)| n)
         })
         .unwrap_or(user.repeat_allowance)
+}
+
+/// Matches of one request pattern looked at in a message.
+const MAX_REQUEST_MATCHES: usize = 16;
+
+/// How far back from a request the clause it belongs to is searched for a negation.
+const CLAUSE_BYTES: usize = 80;
+
+/// Whether the request found at `at` in `text` is negated or a complaint: its clause (back to
+/// the last sentence end, comma or line break, at most [`CLAUSE_BYTES`]) says `don't`, `do
+/// not`, `never`, `stop`, `no more`, `without`, `instead of`, … before it, or blames the agent
+/// for repeating (`you keep`, `you've been`, `why do you`), unless it asks (`can you keep
+/// polling`).
+pub(crate) fn negated(text: &str, at: usize) -> bool {
+    let mut from = at.saturating_sub(CLAUSE_BYTES);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let before = &text[from..at.min(text.len())];
+    // A sentence ends at `.`, `!`, `?`, `;` or `:` before a space (not inside `a.component.html`).
+    let b = before.as_bytes();
+    let cut = (0..b.len()).rev().find(|&i| match b[i] {
+        b',' | b'\n' => true,
+        b'.' | b'!' | b'?' | b';' | b':' => b.get(i + 1).is_none_or(u8::is_ascii_whitespace),
+        _ => false,
+    });
+    let clause = cut.map_or(before, |i| &before[i + 1..]);
+    let clause = clause.to_ascii_lowercase().replace(['\u{2019}', '\''], "'");
+    let words: Vec<&str> = clause
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '\''))
+        .filter(|w| !w.is_empty())
+        .collect();
+    const NOT: &[&str] = &[
+        "not",
+        "don't",
+        "dont",
+        "never",
+        "stop",
+        "quit",
+        "avoid",
+        "without",
+        "no",
+        "cannot",
+        "can't",
+        "won't",
+        "shouldn't",
+        "mustn't",
+        "didn't",
+        "doesn't",
+        "instead",
+    ];
+    // "Why don't you run it again?", "why not retry" suggest, not forbid.
+    let suggests = words
+        .windows(2)
+        .any(|p| p[0] == "why" && matches!(p[1], "don't" | "dont" | "not"));
+    if suggests {
+        return false;
+    }
+    if words.iter().any(|w| NOT.contains(w) || w.ends_with("n't")) {
+        return true;
+    }
+    const ASKING: &[&str] = &["can", "could", "would", "will", "please"];
+    let blames = words.windows(2).any(|p| {
+        matches!(
+            (p[0], p[1]),
+            ("you", "keep" | "kept" | "are" | "were" | "have" | "just")
+                | ("you've" | "you're" | "youre" | "why", _)
+        )
+    });
+    blames && !words.iter().any(|w| ASKING.contains(w))
 }

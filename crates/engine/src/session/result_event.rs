@@ -23,12 +23,16 @@ impl Session {
             | flag::RETRYABLE
             | flag::BLOCKED
             | flag::CHANGED
-            | flag::SKETCH);
+            | flag::SKETCH
+            | flag::PENDING);
         rec.flags |= flag::RESULT;
+        // A failure is no state to wait on: the same failing call again is judged as one.
+        let pending = !outcome.error && pending(&rules.config.results.pending_patterns, r.output);
         for (on, f) in [
             (outcome.error, flag::ERROR),
             (outcome.empty, flag::EMPTY),
             (outcome.retryable, flag::RETRYABLE),
+            (pending, flag::PENDING),
         ] {
             if on {
                 rec.flags |= f;
@@ -165,4 +169,33 @@ impl Session {
         };
         unchanged
     }
+}
+
+/// Bytes read from each end of a result for `results.pending_patterns`.
+const PENDING_BYTES: usize = 512;
+
+/// Whether a result says the work it looks at is still under way: a pending pattern matches
+/// its first or last [`PENDING_BYTES`] bytes (a status line leads or ends an output).
+fn pending(patterns: &[regex::Regex], output: &str) -> bool {
+    if patterns.is_empty() {
+        return false;
+    }
+    let mut head = output.len().min(PENDING_BYTES);
+    while !output.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = output.len().saturating_sub(PENDING_BYTES).max(head);
+    while !output.is_char_boundary(tail) {
+        tail += 1;
+    }
+    let (first, last) = (&output[..head], &output[tail..]);
+    patterns
+        .iter()
+        .any(|re| re.is_match(first) || (!last.is_empty() && re.is_match(last)))
+}
+
+/// [`pending`] for the tests.
+#[cfg(test)]
+pub(crate) fn pending_for_tests(patterns: &[regex::Regex], output: &str) -> bool {
+    pending(patterns, output)
 }
