@@ -51,6 +51,7 @@ const FAMILIES: &[(&str, bool, bool)] = &[
     ("polling", true, true),
     ("bookkeeping", true, true),
     ("text-calls", true, true),
+    ("idle", true, true),
 ];
 
 #[test]

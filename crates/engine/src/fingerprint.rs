@@ -37,8 +37,8 @@ use shell::*;
 pub use canonical::is_path_key;
 pub(crate) use canonical::plain;
 pub use keyset::KeySet;
-pub(crate) use shell::CommandList;
 pub use shell::file_of;
+pub(crate) use shell::{CommandList, NOOP_FUZZY};
 
 /// Canonicalization settings, compiled once from the policy.
 #[derive(Clone, Debug)]

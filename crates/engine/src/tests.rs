@@ -931,6 +931,54 @@ fn pending_patterns_read_both_ends_of_a_successful_result() {
 }
 
 #[test]
+fn commands_that_do_nothing_are_one_call_however_they_are_worded() {
+    // An agent that thinks it is done, saying so through the shell.
+    let mut h = H::default();
+    let (c, r) = h.bash("git status -sb", "## main", false);
+    assert!(c.is_allow() && r.is_allow());
+    let idle = [
+        ("true", ""),
+        ("echo 'Done again.'", "Done again."),
+        ("true", ""),
+        ("echo 'Final done'", "Final done"),
+        ("true", ""),
+        ("printf 'All set\\n'", "All set"),
+    ];
+    let first = idle.iter().position(|(cmd, out)| {
+        let (c, r) = h.bash(cmd, out, false);
+        !(c.is_allow() && r.is_allow())
+    });
+    assert!(
+        first.is_some_and(|i| i + 2 <= 6),
+        "first at call {:?}",
+        first.map(|i| i + 2)
+    );
+    // Markers that differ by a counter.
+    let mut h = H::default();
+    let first = (1..=8).position(|i| {
+        let (c, r) = h.bash(
+            &format!("cmd /c echo marker{i}"),
+            &format!("marker{i}"),
+            false,
+        );
+        !(c.is_allow() && r.is_allow())
+    });
+    assert!(first.is_some_and(|i| i < 6), "{first:?}");
+    // An echo beside real work, or of what the shell expands, is no idle call.
+    let mut h = H::default();
+    for i in 0..6 {
+        let (c, r) = h.bash(
+            &format!("echo '--- step {i}' && cargo test -p crate{i}"),
+            &format!("--- step {i}\ntest result: ok. {i} passed"),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "step {i}: {c:?} {r:?}");
+        let (c, r) = h.bash(&format!("echo $STEP_{i}"), &format!("{i}"), false);
+        assert!(c.is_allow() && r.is_allow(), "echo {i}: {c:?} {r:?}");
+    }
+}
+
+#[test]
 fn silent_shell_commands_are_not_empty_outcomes() {
     let mut h = H::default();
     for d in ["a", "b", "c", "d", "e"] {

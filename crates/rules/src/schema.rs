@@ -723,7 +723,7 @@ section! {
     pub struct Shell in SHELL {
         /// tools whose calls are shell commands
         tools: Vec<NameGlob> = GLOBS,
-            "[bash, sh, shell, zsh, run_shell_command, execute_bash, execute_command, exec_command, run_command, terminal, run_terminal_cmd, run_in_terminal, local_shell, container.exec]";
+            "[bash, sh, shell, zsh, run_shell_command, execute_bash, execute_command, exec_command, run_command, terminal, run_terminal_cmd, run_in_terminal, local_shell, container.exec, shell_command, exec, run_shell, execute_shell, shell_exec, run_bash, powershell]";
         /// argument keys holding the command
         command_keys: Vec<String> = STRS, "[command, cmd, script, commands, input]";
         /// commands that read a file: with one file operand they collapse to one file-read key per
@@ -836,7 +836,7 @@ section! {
         /// regexes on a user-role message that mean the host or framework sent it, not a person (a
         /// "continue" prompt, an observation, a reminder): such a message changes no count
         automated_patterns: Vec<Regex> = REGEXES,
-            r#"['(?i)^\W*(please\s+)?(continue|proceed|go on|keep going|carry on)(\s+(working|with the task|on the task))?\W*$', '(?i)^\W*(please\s+)?continue working on the task\b', '(?i)\byou (did not|didn''t|have not|haven''t|must|should) (call|use|invoke) (a|any) (tool|function)', '(?i)^\W*(please\s+)?use (a|the) (tool|tools|function)', '(?s)^\s*<(system-reminder|system_reminder|environment_details)>.*</(system-reminder|system_reminder|environment_details)>\s*$', '(?i)^\s*(observation|tool (output|result|response)|function (output|result))\s*:', '(?i)^\s*\[?(automated|auto-generated|system) (message|reminder|notice)\b', '(?i)^\s*background task (completed|finished|done)\W*$', '(?i)^\W*your (output|response) was not formatted correctly', '(?i)^\s*call id\s*:', '(?i)\bnow let''s retry: take care not to repeat previous errors', '(?i)^\W*now proceed and carry out this plan\W*$', '\(Open file: [^\n]*\)\s*\n\(Current directory: [^\n]*\)\s*\n\s*bash-\$\s*$']"#;
+            r#"['(?i)^\W*(please\s+)?(continue|proceed|go on|keep going|carry on)(\s+(working|with the task|on the task))?\W*$', '(?i)^\W*(please\s+)?continue working on the task\b', '(?i)\byou (did not|didn''t|have not|haven''t|must|should) (call|use|invoke) (a|any) (tool|function)', '(?i)^\W*(please\s+)?use (a|the) (tool|tools|function)', '(?s)^\s*<(system-reminder|system_reminder|environment_details)>.*</(system-reminder|system_reminder|environment_details)>\s*$', '(?i)^\s*(observation|tool (output|result|response)|function (output|result))\s*:', '(?i)^\s*\[?(automated|auto-generated|system) (message|reminder|notice)\b', '(?i)^\s*background task (completed|finished|done)\W*$', '(?i)^\W*your (output|response) was not formatted correctly', '(?i)^\W*please always provide exactly one action\b', '(?i)^\s*call id\s*:', '(?i)\bnow let''s retry: take care not to repeat previous errors', '(?i)^\W*now proceed and carry out this plan\W*$', '\(Open file: [^\n]*\)\s*\n\(Current directory: [^\n]*\)\s*\n\s*bash-\$\s*$']"#;
     }
 }
 

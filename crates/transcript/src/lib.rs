@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod messages;
+mod py_literal;
 pub mod replay;
 mod text_calls;
 

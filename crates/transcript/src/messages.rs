@@ -391,6 +391,25 @@ impl Reader {
         match role.as_str() {
             "system" | "developer" => {}
             "assistant" => self.assistant(line, time, obj)?,
+            // smolagents' memory: a step's calls as `Calling tools: [<repr of dicts>]`, after
+            // the assistant's own message (which already made a code action's call).
+            "tool-call" => {
+                let content = obj.get("content").unwrap_or(&Value::Null);
+                let mut texts = Vec::new();
+                self.content(
+                    content,
+                    line,
+                    &mut texts,
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                    None,
+                )?;
+                if pending.is_some() {
+                    self.text_call = pending;
+                } else {
+                    self.recorded_calls(line, time, &texts.join("\n"))?;
+                }
+            }
             "tool" | "function" => {
                 let id = match f.string("tool_call_id")? {
                     Some(id) => id,
@@ -412,7 +431,8 @@ impl Reader {
                     },
                 );
             }
-            "user" => {
+            // smolagents' memory: a step's observation (`Call id: …\nObservation: …`).
+            "user" | "tool-response" => {
                 let content = obj.get("content").unwrap_or(&Value::Null);
                 let mut texts = Vec::new();
                 let mut results = Vec::new();
@@ -467,7 +487,7 @@ impl Reader {
                 if !text.trim().is_empty() {
                     // Text beside or right after tool results is the host's (a reminder, an
                     // observation, a "continue" prompt), not a person's.
-                    let injected = after_results;
+                    let injected = after_results || role == "tool-response";
                     self.push(line, time, Kind::User { text, injected });
                 }
             }
@@ -475,7 +495,7 @@ impl Reader {
                 return Err(BadInput::at(
                     line,
                     format!(
-                        "unknown role `{other}`; expected system, developer, user, assistant or tool"
+                        "unknown role `{other}`; expected system, developer, user, assistant, tool, or smolagents' tool-call and tool-response"
                     ),
                 ));
             }
@@ -577,6 +597,75 @@ impl Reader {
                     id,
                     tool,
                     arguments,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The calls a smolagents `tool-call` message records (`Calling tools:` and the `repr` of a
+    /// list of `{'id', 'type', 'function': {'name', 'arguments'}}` dicts); the next
+    /// `tool-response` answers the last of them. A text in no such form makes no call.
+    fn recorded_calls(
+        &mut self,
+        line: Line,
+        time: Option<f64>,
+        text: &str,
+    ) -> Result<(), BadInput> {
+        let t = text.trim();
+        let list = t.strip_prefix("Calling tools:").map_or(t, str::trim_start);
+        let Some(Value::Array(calls)) = crate::py_literal::parse(list) else {
+            if self.mode == Mode::Strict && t.starts_with("Calling tools:") {
+                return Err(BadInput::at(
+                    line,
+                    "a `tool-call` message's `Calling tools:` list could not be read as a Python literal",
+                ));
+            }
+            return Ok(());
+        };
+        // The step's own assistant message, if it wrote one, opened the turn.
+        if !matches!(
+            self.items.last(),
+            Some(Item {
+                kind: Kind::Text {
+                    reasoning: false,
+                    ..
+                },
+                ..
+            })
+        ) {
+            self.turn += 1;
+        }
+        for call in &calls {
+            let f = call.get("function").unwrap_or(call);
+            let Some(tool) = f.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let arguments = match f.get("arguments") {
+                Some(Value::String(s)) => serde_json::from_str(s)
+                    .ok()
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({ "input": s })),
+                Some(v @ Value::Object(_)) => v.clone(),
+                Some(Value::Null) | None => json!({}),
+                Some(other) => json!({ "input": other }),
+            };
+            let id = match call.get("id").and_then(Value::as_str) {
+                Some(id) => id.to_owned(),
+                None => {
+                    self.synthetic_ids += 1;
+                    format!("call_{}", self.synthetic_ids)
+                }
+            };
+            self.latest_call = Some(id.clone());
+            self.text_call = Some(TextPending::Made { id: id.clone() });
+            self.push(
+                line,
+                time,
+                Kind::Call {
+                    id,
+                    tool: tool.to_owned(),
+                    arguments: Args::Json(arguments),
                 },
             );
         }
@@ -876,6 +965,45 @@ mod tests {
         assert!(!is_assistant(&json!({"type": "function_call_output"})));
         assert!(!is_assistant(&json!({"role": "user", "content": "x"})));
         assert!(!is_assistant(&json!({"role": "tool", "content": "x"})));
+    }
+
+    #[test]
+    fn smolagents_memory_reads_its_calls_and_observations() {
+        // A ToolCallingAgent's steps: the calls only in the `tool-call` message's repr.
+        let step = |i: u32| {
+            [
+                json!({"role": "tool-call", "content": [{"type": "text", "text": format!("Calling tools:\n[{{'id': 'call_{i}', 'type': 'function', 'function': {{'name': 'web_search', 'arguments': {{'query': \"rust's borrow checker\"}}}}}}]")}]}),
+                json!({"role": "tool-response", "content": [{"type": "text", "text": format!("Call id: call_{i}\nObservation:\nNo results found.")}]}),
+            ]
+        };
+        let mut msgs = vec![json!({"role": "user", "content": "New task: find it"})];
+        msgs.extend(step(1));
+        msgs.extend(step(2));
+        let items = read_messages(&msgs, Mode::Strict).unwrap();
+        assert_eq!(kinds(&items), ["user", "call", "result", "call", "result"]);
+        match &items[3].kind {
+            Kind::Call {
+                id,
+                tool,
+                arguments: Args::Json(a),
+            } => {
+                assert_eq!((id.as_str(), tool.as_str()), ("call_2", "web_search"));
+                assert_eq!(a, &json!({"query": "rust's borrow checker"}));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A CodeAgent's step: the assistant's code action is the call, the repr repeats it.
+        let msgs = vec![
+            json!({"role": "assistant", "content": "Thought: look\nCode:\n```py\nprint(len(open('a').read()))\n```<end_code>"}),
+            json!({"role": "tool-call", "content": "Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': 'python_interpreter', 'arguments': \"print(len(open('a').read()))\"}}]"}),
+            json!({"role": "tool-response", "content": "Call id: call_1\nObservation:\nExecution logs:\n42"}),
+        ];
+        let items = read_messages(&msgs, Mode::Strict).unwrap();
+        assert_eq!(kinds(&items), ["text", "call", "result"]);
+        // A list that is no literal is an error in a recording, passed over live.
+        let bad = vec![json!({"role": "tool-call", "content": "Calling tools:\n[{'id': "})];
+        assert!(read_messages(&bad, Mode::Strict).is_err());
+        assert!(read_messages(&bad, Mode::Lenient).unwrap().is_empty());
     }
 
     #[test]

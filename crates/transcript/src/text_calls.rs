@@ -9,11 +9,15 @@
 //! - **XML tool use** (Cline, Roo Code, Kilo Code): the message ends with
 //!   `<tool_name><param>value</param>…</tool_name>`, a snake_case name with an underscore;
 //!   `<tool_call>{"name": …, "arguments": …}</tool_call>` (Hermes, Qwen) names its tool inside.
+//! - **Function tags** (OpenHands' prompted function calling, Qwen3-Coder): the message ends
+//!   with `<function=name><parameter=key>value</parameter>…</function>`, maybe inside
+//!   `<tool_call>…</tool_call>`; the closing `</function>` may be missing (it is a stop word).
 //! - **Code actions** (smolagents' CodeAgent): a fenced block followed by `<end_code>`, a
 //!   `Code:` line followed by a fenced block, or `<code>…</code>` ending the message: a call of
 //!   `python` with the code.
-//! - **Shell actions** (SWE-agent and other thought-action agents): the message ends with a
-//!   fenced shell block. Prose ends with code often enough that this form counts as a call only
+//! - **Shell actions** (SWE-agent, mini-swe-agent and other thought-action agents): the
+//!   message ends with a fenced shell block (`bash`, `sh`, `shell`, `console`, or
+//!   mini-swe-agent's `mswea_bash_command`). Prose ends with code often enough that this form counts as a call only
 //!   when the next message is an observation ([`is_observation`]).
 //!
 //! The next user message after a call read from text is its result: such frameworks send the
@@ -42,7 +46,8 @@ pub(crate) fn text_call(text: &str) -> Option<TextCall> {
     if text.is_empty() {
         return None;
     }
-    xml_call(text)
+    function_call(text)
+        .or_else(|| xml_call(text))
         .or_else(|| react_call(text))
         .or_else(|| code_call(text))
         .or_else(|| shell_call(text))
@@ -54,8 +59,69 @@ pub(crate) fn is_observation(text: &str) -> bool {
     let head: String = t.chars().take(16).collect::<String>().to_ascii_lowercase();
     head.starts_with("observation")
         || head.starts_with("execution logs")
+        // mini-swe-agent: `<returncode>0</returncode>` then `<output>…</output>`.
+        || head.starts_with("<returncode>")
+        || t.starts_with("EXECUTION RESULT of [")
         || t.ends_with("bash-$")
         || t.contains("(Current directory:")
+}
+
+// --- function tags -------------------------------------------------------------------------
+
+/// `<function=name><parameter=key>value</parameter>…</function>` ending the message.
+fn function_call(text: &str) -> Option<TextCall> {
+    let t = text.trim_end();
+    let t = t.strip_suffix("</tool_call>").map_or(t, str::trim_end);
+    let open = t.rfind("<function=")?;
+    // The opening tag starts a line.
+    let before = t[..open].trim_end_matches([' ', '\t']);
+    if !(before.is_empty() || before.ends_with('\n') || before.ends_with("<tool_call>")) {
+        return None;
+    }
+    let after = &t[open + "<function=".len()..];
+    let gt = after.find('>')?;
+    let name = after[..gt].trim();
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if !valid {
+        return None;
+    }
+    let body = &after[gt + 1..];
+    let body = match body.strip_suffix("</function>") {
+        Some(b) => b,
+        // Cut at the stop word: the call ends with its last parameter, or has none.
+        None if body.trim_end().ends_with("</parameter>") || body.trim().is_empty() => body,
+        None => return None,
+    };
+    let mut args = Map::new();
+    let mut rest = body;
+    for _ in 0..MAX_PARAMS {
+        let Some(at) = rest.find("<parameter=") else {
+            break;
+        };
+        let p = &rest[at + "<parameter=".len()..];
+        let Some(gt) = p.find('>') else { break };
+        let key = p[..gt].trim();
+        let value = &p[gt + 1..];
+        let Some(end) = value.find("</parameter>") else {
+            break;
+        };
+        if !key.is_empty() && key.len() <= MAX_NAME {
+            // One newline around a value is the form's own.
+            let v = value[..end].strip_prefix('\n').unwrap_or(&value[..end]);
+            let v = v.strip_suffix('\n').unwrap_or(v);
+            args.insert(key.to_owned(), Value::String(v.to_owned()));
+        }
+        rest = &value[end + "</parameter>".len()..];
+    }
+    Some(TextCall {
+        tool: name.to_owned(),
+        arguments: Value::Object(args),
+        sure: true,
+    })
 }
 
 // --- XML tool use ------------------------------------------------------------------------
@@ -290,7 +356,10 @@ fn code_call(text: &str) -> Option<TextCall> {
 
 fn shell_call(text: &str) -> Option<TextCall> {
     let (lang, body) = last_fence(text, "")?;
-    if !matches!(lang, "" | "bash" | "sh" | "shell" | "console") {
+    if !matches!(
+        lang,
+        "" | "bash" | "sh" | "shell" | "console" | "mswea_bash_command"
+    ) {
         return None;
     }
     let command = body.trim();
@@ -418,8 +487,67 @@ mod tests {
     }
 
     #[test]
+    fn function_tags_are_calls_with_or_without_their_closing_tag() {
+        // OpenHands' prompted function calling: the closing tag is its stop word.
+        assert_eq!(
+            call(
+                "I'll look at the tests.\n\n<function=execute_bash>\n<parameter=command>\nls tests/\n</parameter>\n</function>"
+            ),
+            Some(("execute_bash".into(), json!({"command": "ls tests/"}), true))
+        );
+        assert_eq!(
+            call(
+                "<function=str_replace_editor>\n<parameter=command>view</parameter>\n<parameter=path>/repo/a.py</parameter>"
+            ),
+            Some((
+                "str_replace_editor".into(),
+                json!({"command": "view", "path": "/repo/a.py"}),
+                true
+            ))
+        );
+        // Qwen3-Coder wraps it in a tool_call tag.
+        assert_eq!(
+            call(
+                "<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/lib.rs\n</parameter>\n</function>\n</tool_call>"
+            ),
+            Some(("read_file".into(), json!({"path": "src/lib.rs"}), true))
+        );
+        assert_eq!(
+            call("<function=finish>\n</function>"),
+            Some(("finish".into(), json!({}), true))
+        );
+        // Mentioned in prose, or followed by more prose: no call.
+        assert_eq!(call("Use <function=x> tags to call tools."), None);
+        assert_eq!(
+            call(
+                "<function=execute_bash>\n<parameter=command>ls</parameter>\n</function>\nThen I will read it."
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn mini_swe_agent_actions_are_observed_by_their_return_code() {
+        assert_eq!(
+            call("THOUGHT: Let me see the file.\n\n```mswea_bash_command\ncat a.py\n```"),
+            Some(("bash".into(), json!({"command": "cat a.py"}), false))
+        );
+        assert!(is_observation(
+            "<returncode>0</returncode>\n<output>\nx = 1\n</output>"
+        ));
+        assert!(is_observation(
+            "EXECUTION RESULT of [execute_bash]:\nfile.txt"
+        ));
+    }
+
+    #[test]
     fn odd_text_never_panics() {
         for t in [
+            "<function=",
+            "<function=>",
+            "<function=a><parameter=",
+            "<function=a><parameter=b>",
+            "<function=a></parameter>",
             "</",
             "</a_b>",
             "<a_b></a_b>",

@@ -240,6 +240,12 @@ impl FingerprintRules {
             .map(|w| w.rsplit('/').next().unwrap_or(w))
             .unwrap_or("");
         keys.file_op = contains(&sh.file_operation_commands, first);
+        if noop(cmd) {
+            // Every command line that does nothing is one fuzzy call: `true`, `echo done`,
+            // `echo 'Final done'` again and again is the same idleness in other words.
+            keys.fuzzy = u64::from(NOOP_FUZZY);
+            return;
+        }
         if self.complex(cmd) {
             keys.poll = self.polls(cmd);
         } else {
@@ -401,6 +407,44 @@ fn segment_names_path(segment: &str) -> bool {
     } else {
         names_path(segment.split_whitespace().map(str::as_bytes).skip(1))
     }
+}
+
+/// The fuzzy key of a shell command line that does nothing ([`noop`]); its results are its
+/// own text, so they are all one outcome.
+pub(crate) const NOOP_FUZZY: u32 = 0x6e6f_6f70;
+
+/// Whether a command line does nothing: each of its commands is `true`, `:`, or `echo` /
+/// `printf` of literal words (no `$`, no backquote, no redirection, no glob), so what it
+/// prints is its own text and it changes nothing.
+pub(crate) fn noop(cmd: &str) -> bool {
+    let b = cmd.as_bytes();
+    if b.is_empty()
+        || b.iter().any(|c| {
+            matches!(
+                c,
+                b'$' | b'`' | b'>' | b'<' | b'*' | b'?' | b'[' | b'~' | b'\\'
+            )
+        })
+    {
+        return false;
+    }
+    let mut any = false;
+    for segment in Segments::new(cmd) {
+        let mut words = segment.split_whitespace();
+        let mut first = words.next();
+        // Windows' `cmd /c echo …`.
+        if first.is_some_and(|w| w.eq_ignore_ascii_case("cmd") || w.eq_ignore_ascii_case("cmd.exe"))
+            && words.next().is_some_and(|w| w.eq_ignore_ascii_case("/c"))
+        {
+            first = words.next();
+        }
+        match first {
+            None => {}
+            Some("true" | ":" | "echo" | "printf") => any = true,
+            Some(_) => return false,
+        }
+    }
+    any
 }
 
 /// The command segments of a command line (between `\n`, `;`, `|`, `&` and `(`). The

@@ -38,10 +38,16 @@ impl Session {
                 rec.flags |= f;
             }
         }
-        rec.digest = outcome.digest as u32;
-        rec.sketch = outcome.sketch.unwrap_or(0);
-        if outcome.sketch.is_some() {
-            rec.flags |= flag::SKETCH;
+        // What a command line that does nothing prints is its own text: one outcome.
+        if rec.has(flag::SHELL) && rec.fuzzy == crate::fingerprint::NOOP_FUZZY {
+            rec.digest = crate::fingerprint::NOOP_FUZZY;
+            rec.sketch = 0;
+        } else {
+            rec.digest = outcome.digest as u32;
+            rec.sketch = outcome.sketch.unwrap_or(0);
+            if outcome.sketch.is_some() {
+                rec.flags |= flag::SKETCH;
+            }
         }
         let mut rec = *rec;
         // Did the world this call looks at change since its previous run?
