@@ -58,6 +58,8 @@ pub struct ResultRules {
     /// pattern is searched).
     empty_any: Option<regex::RegexSet>,
     pub(crate) errors: Vec<Regex>,
+    /// `results.error_tail_patterns`, read on the output's last [`TAIL_BYTES`].
+    pub(crate) error_tails: Vec<Regex>,
     pub(crate) retryable: Vec<Regex>,
     pub(crate) max_bytes: usize,
 }
@@ -116,6 +118,7 @@ impl ResultRules {
             .build()
             .ok(),
             errors: c.results.error_patterns.clone(),
+            error_tails: c.results.error_tail_patterns.clone(),
             retryable: c.results.retryable_patterns.clone(),
             max_bytes: c.results.max_bytes.max(1),
         }
@@ -185,6 +188,10 @@ impl ResultRules {
                     }
                     let head = &masked[..head];
                     self.errors.iter().any(|re| re.is_match(head))
+                        || (!self.error_tails.is_empty() && {
+                            let tail = tail_of(r.output, TAIL_BYTES);
+                            self.error_tails.iter().any(|re| re.is_match(tail))
+                        })
                 }
             };
         // A failure is known by its signature, its first and last lines: the same error for
@@ -217,6 +224,18 @@ impl ResultRules {
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
+}
+
+/// Bytes read from the end of a result for `results.error_tail_patterns`.
+const TAIL_BYTES: usize = 512;
+
+/// The last `n` bytes of `text` or fewer, from a character boundary.
+fn tail_of(text: &str, n: usize) -> &str {
+    let mut from = text.len().saturating_sub(n);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    &text[from..]
 }
 
 /// Whether a line only names an id (`Call id: call_3`, `request-id = 7f3a`, `Trace ID: …`): a

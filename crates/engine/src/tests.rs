@@ -979,6 +979,45 @@ fn commands_that_do_nothing_are_one_call_however_they_are_worded() {
 }
 
 #[test]
+fn an_edit_made_by_a_script_is_an_edit() {
+    let fail = "F\n=== FAILURES ===\ntest_parse_empty\nAssertionError: assert None == []\n1 failed, 11 passed in 0.31s";
+    let test = "python -m pytest tests/test_parse.py -q";
+    let mut h = H::default();
+    let (c, r) = h.bash(test, fail, true);
+    assert!(c.is_allow() && r.is_allow());
+    // Three different edits, each followed by the same test failing the same way: attempts,
+    // judged as test_fix judges failing runs after native edits, not as one call repeated.
+    for i in 0..3 {
+        let edit = format!(
+            "python - <<'EOF'\np='src/parse.py'\ns=open(p).read()\ns=s.replace('return None  # v{i}','return []  # v{}')\nopen(p,'w').write(s)\nEOF",
+            i + 1
+        );
+        let (c, r) = h.bash(&edit, "", false);
+        assert!(c.is_allow() && r.is_allow(), "edit {i}: {c:?} {r:?}");
+        let (c, r) = h.bash(test, fail, true);
+        assert!(c.is_allow() && r.is_allow(), "test {i}: {c:?} {r:?}");
+    }
+    let rules = crate::fingerprint::FingerprintRules::from_config(&default_config());
+    for (cmd, writes) in [
+        ("python3 -c \"import os; os.remove('build.lock')\"", true),
+        (
+            "node -e \"require('fs').writeFileSync('a.json', '{}')\"",
+            true,
+        ),
+        (
+            "python3.11 - <<'EOF'\nfrom pathlib import Path\nPath('x').write_text('1')\nEOF",
+            true,
+        ),
+        ("python -c \"import sys; sys.stdout.write('hi')\"", false),
+        ("grep -rn '.write(' src/", false),
+        ("black src/", true),
+        ("perl -pi -e 's/a/b/' f.txt", true),
+    ] {
+        assert_eq!(rules.modifies(cmd), writes, "{cmd}");
+    }
+}
+
+#[test]
 fn silent_shell_commands_are_not_empty_outcomes() {
     let mut h = H::default();
     for d in ["a", "b", "c", "d", "e"] {

@@ -741,7 +741,7 @@ section! {
         /// the next word or a flag); a successful one, or a command writing to a file with `>`, is
         /// progress like a write tool's call
         modify_commands: Vec<String> = STRS,
-            r#"[apply_patch, patch, tee, mv, cp, rm, mkdir, touch, ln, chmod, "sed -i", "perl -i", "git apply", "git am", "git checkout", "git restore", "git switch", "git reset", "git stash", "git add", "git commit", "git merge", "git rebase", "git cherry-pick", "git revert", "git pull", "git mv", "git rm", "npm install", "npm i", "npm ci", "npm uninstall", "pnpm install", "pnpm add", "yarn add", "yarn install", "pip install", "pip3 install", "pip uninstall", "uv add", "uv pip", "poetry add", "cargo add", "cargo fix", "cargo fmt", "go get", "go mod"]"#;
+            r#"[apply_patch, patch, tee, mv, cp, rm, mkdir, touch, ln, chmod, "sed -i", "perl -i", "git apply", "git am", "git checkout", "git restore", "git switch", "git reset", "git stash", "git add", "git commit", "git merge", "git rebase", "git cherry-pick", "git revert", "git pull", "git mv", "git rm", "npm install", "npm i", "npm ci", "npm uninstall", "pnpm install", "pnpm add", "yarn add", "yarn install", "pip install", "pip3 install", "pip uninstall", "uv add", "uv pip", "poetry add", "cargo add", "cargo fix", "cargo fmt", "go get", "go mod", "go fmt", "gofmt -w", rustfmt, black, isort, "ruff format", "prettier --write", "eslint --fix", "perl -pi", "dotnet format"]"#;
         /// commands that only show the state of the work (a first word, or a first word and its
         /// subcommand, found past options such as `git -C dir`): with nothing done between them,
         /// such queries in a row learn nothing new (`stagnation`); a command is one when every
@@ -786,6 +786,12 @@ section! {
         /// repeat thresholds)
         pending_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)<status>\s*(running|pending|queued|in[_ -]?progress|started|starting)\s*</status>', '(?i)\bstill (running|in progress|pending|queued|processing|building|deploying|starting|executing|waiting)\b', '(?i)"(status|state|phase)"\s*:\s*"(running|pending|queued|in_progress|in-progress|processing|started|starting|waiting|creating|provisioning)"', '(?im)^\W{0,3}(status|state|phase)\s*[:=]\s*(running|pending|queued|in[_ -]?progress|processing|waiting|starting)\b', '(?i)\b(running|started|launched) in (the )?background\b', '(?i)\bwaiting for [^\n]{1,80}\bto (finish|complete|be ready|become ready|start)\b']"#;
+        /// regexes on the end of a result (its last 512 bytes, as it came) that mean the call
+        /// failed, for results that carry no error flag or exit code: the summaries test runners
+        /// and builds end with (`1 failed, 11 passed`, `test result: FAILED`, `--- FAIL:`,
+        /// `Tests: 2 failed`, `npm ERR!`, `BUILD FAILED`)
+        error_tail_patterns: Vec<Regex> = REGEXES,
+            r#"['(?m)^[=_ -]*[1-9]\d* (failed|errors?)\b', '(?m)^FAILED \S+::', '(?m)^test result: FAILED\b', '(?m)^error: (could not compile|test failed|aborting due to)', '(?m)^(FAIL|--- FAIL:)\s', '(?m)^\s*Tests?:?\s+[1-9]\d* failed\b', '(?m)^\s*[1-9]\d* failing\b', '(?m)^npm (ERR!|error) ', '(?m)^make(\[\d+\])?: \*\*\* ', '(?m)^(BUILD FAILED|FAILURE: Build failed|\[ERROR\] BUILD FAILURE)', '(?mi)^\W{0,3}(exit(ed)?( with)? (code|status)|exit_code|returncode)"?\s*[:=]?\s*[1-9]']"#;
         /// errors that are infrastructure trouble: retrying them is not a loop
         retryable_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)\b(rate.?limit|too many requests|429|50[0234]|service unavailable|bad gateway|gateway time-?out|overloaded|temporarily unavailable|try again later|ECONNRESET|ETIMEDOUT|connection (reset|refused))\b']"#;

@@ -149,6 +149,52 @@ pub(super) fn writes_to_file(b: &[u8]) -> bool {
     false
 }
 
+/// What a script writes files with (Python, Node, Ruby), as it appears in its text.
+const SCRIPT_WRITES: [&[u8]; 14] = [
+    b".write(",
+    b"write_text(",
+    b"write_bytes(",
+    b"writeFileSync(",
+    b"appendFileSync(",
+    b"writeFile(",
+    b"os.remove(",
+    b"os.unlink(",
+    b".unlink(",
+    b"os.rename(",
+    b"os.replace(",
+    b"shutil.",
+    b"File.write(",
+    b"FileUtils.",
+];
+
+/// Whether a command line runs an interpreter (`python`, `python3.11`, `node`, `ruby`, …, as
+/// the first word of one of its commands) on a script that writes files: an edit made with
+/// `python - <<'EOF' … open(p, 'w').write(s)` is an edit. Writing to the standard streams
+/// (`sys.stdout.write(`) is not.
+pub(super) fn script_writes(cmd: &str) -> bool {
+    let b = cmd.as_bytes();
+    let writes = SCRIPT_WRITES.iter().any(|m| {
+        memchr::memmem::find_iter(b, m).any(|at| {
+            let before = &b[..at];
+            !(before.ends_with(b"stdout") || before.ends_with(b"stderr"))
+        })
+    });
+    writes
+        && Segments::new(cmd).any(|segment| {
+            segment
+                .split_whitespace()
+                .find(|w| !w.contains('='))
+                .map(|w| w.rsplit('/').next().unwrap_or(w))
+                .is_some_and(|w| {
+                    let name = w.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+                    matches!(
+                        name,
+                        "python" | "node" | "ruby" | "perl" | "deno" | "bun" | "php"
+                    )
+                })
+        })
+}
+
 /// The bytes that end a command segment (`\n`, `;`, `|`, `&`, `(`).
 const SEGMENT_ENDS: [bool; 256] = {
     let mut t = [false; 256];
@@ -274,9 +320,9 @@ impl FingerprintRules {
     /// first word of the command line or after `&&`, `||`, `;`, `|`, a newline or `(`, past
     /// `sudo` and `VAR=value` words) is in `shell.modify_commands`, or it writes to a file
     /// with `>` / `>>` (not `/dev/…`, not `>&`).
-    pub(super) fn modifies(&self, cmd: &str) -> bool {
+    pub(crate) fn modifies(&self, cmd: &str) -> bool {
         let list = &self.shell.modify_commands;
-        if writes_to_file(cmd.as_bytes()) {
+        if writes_to_file(cmd.as_bytes()) || script_writes(cmd) {
             return true;
         }
         !list.is_empty() && Segments::new(cmd).any(|s| list.runs_segment(s) == Some(true))

@@ -523,7 +523,13 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
                     head -= 1;
                 }
                 let head = &masked[..head];
+                let mut tail = r.output.len().saturating_sub(512);
+                while !r.output.is_char_boundary(tail) {
+                    tail += 1;
+                }
+                let tail = &r.output[tail..];
                 rules.errors.iter().any(|re| re.is_match(head))
+                    || rules.error_tails.iter().any(|re| re.is_match(tail))
             }
         };
     // A failure is known by its signature, its first and last lines: the same error for

@@ -117,6 +117,49 @@ fn classification() {
     assert!(!r.outcome(&res("total 500", false, None)).retryable);
 }
 
+/// Test runners and builds say they failed at the end of their output, not on its first line.
+#[test]
+fn a_failure_summary_at_the_end_is_a_failure() {
+    let loaded = loopguard_rules::Policy::builtin_default();
+    let c = loaded.policy.unwrap().resolve(None, None);
+    let r = ResultRules::from_config(&c);
+    let error = |output: &str| {
+        r.outcome(&ToolResult {
+            session: "s",
+            call_id: "c",
+            output,
+            is_error: false,
+            exit_code: None,
+            time_ms: 0,
+        })
+        .error
+    };
+    let log = "collected 12 items\n\ntests/test_parse.py ....F.......\n".repeat(40);
+    for failed in [
+        format!(
+            "{log}FAILED tests/test_parse.py::test_empty - AssertionError\n1 failed, 11 passed in 0.31s"
+        ),
+        format!("{log}===== 2 failed, 10 passed in 1.02s ====="),
+        "running 4 tests\ntest a ... FAILED\n\ntest result: FAILED. 3 passed; 1 failed".to_owned(),
+        "=== RUN   TestParse\n--- FAIL: TestParse (0.00s)\nFAIL\texample.com/p\t0.004s".to_owned(),
+        " Tests:       1 failed, 4 passed, 5 total".to_owned(),
+        "  3 passing (12ms)\n  1 failing".to_owned(),
+        "> build\nnpm ERR! code ELIFECYCLE".to_owned(),
+        "cc -o app main.c\nmake: *** [Makefile:4: app] Error 1".to_owned(),
+    ] {
+        assert!(error(&failed), "{failed}");
+    }
+    for passed in [
+        format!("{log}12 passed in 0.31s"),
+        "test result: ok. 4 passed; 0 failed".to_owned(),
+        "ok  \texample.com/p\t0.004s".to_owned(),
+        " Tests:       0 failed, 5 passed".to_owned(),
+        "The job retried 3 failed uploads and finished.".to_owned(),
+    ] {
+        assert!(!error(&passed), "{passed}");
+    }
+}
+
 /// An ESC followed by a multi-byte character made the masker slice inside the character.
 #[test]
 fn escape_before_multibyte_char() {
