@@ -201,7 +201,7 @@ impl ResultRules {
             let mut lines = masked
                 .lines()
                 .map(str::trim)
-                .filter(|l| !l.is_empty() && !is_id_line(l));
+                .filter(|l| !l.is_empty() && !is_label_line(l));
             let first = lines.next().unwrap_or("");
             let last = lines.next_back().unwrap_or("");
             let mut h = StreamHasher::new();
@@ -236,6 +236,45 @@ fn tail_of(text: &str, n: usize) -> &str {
         from += 1;
     }
     &text[from..]
+}
+
+/// Whether a line of a failure is a harness's label rather than part of what failed: it only
+/// names an id ([`is_id_line`]) or is only markup (`<output>`, `</output>`,
+/// `<returncode>1</returncode>`: mini-swe-agent wraps every observation so), which every
+/// failure of that harness shares.
+pub(super) fn is_label_line(line: &str) -> bool {
+    is_id_line(line) || is_markup_line(line)
+}
+
+/// Whether a line is one tag, or one tag around a short value (at most 12 bytes, no markup).
+fn is_markup_line(line: &str) -> bool {
+    let b = line.as_bytes();
+    if b.len() > 80 || b.first() != Some(&b'<') || b.last() != Some(&b'>') {
+        return false;
+    }
+    let tag = |t: &[u8]| {
+        let t = t.strip_prefix(b"/").unwrap_or(t);
+        !t.is_empty()
+            && t.len() <= 32
+            && t.iter()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-'))
+    };
+    let inner = &b[1..b.len() - 1];
+    match memchr::memchr(b'>', inner) {
+        None => tag(inner),
+        Some(end) => {
+            let (open, rest) = (&inner[..end], &inner[end + 1..]);
+            let Some(close) = memchr::memrchr(b'<', rest) else {
+                return false;
+            };
+            let (value, close) = (&rest[..close], &rest[close + 1..]);
+            tag(open)
+                && close.first() == Some(&b'/')
+                && close[1..] == *open
+                && value.len() <= 12
+                && !value.contains(&b'<')
+        }
+    }
 }
 
 /// Whether a line only names an id (`Call id: call_3`, `request-id = 7f3a`, `Trace ID: …`): a

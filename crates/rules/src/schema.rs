@@ -559,7 +559,7 @@ detector_section! {
         threshold: u32 = COUNT, "5";
         /// regexes matched against shell commands to recognize test runs
         test_commands: Vec<Regex> = REGEXES,
-            r#"['\b(cargo (test|nextest)|pytest|py\.test|go test|npm (run )?test|yarn test|pnpm test|jest|vitest|mvn test|gradle test|make test|rspec|phpunit|tox|ctest)\b']"#;
+            r#"['\b(cargo (test|nextest)|pytest|py\.test|go test|npm (run )?test|yarn test|pnpm test|bun test|deno test|dotnet test|swift test|mix test|manage\.py test|jest|vitest|mvn test|gradle test|make test|rspec|phpunit|tox|ctest|runtests)\b', '\b(python[0-9.]*|node|ruby|bun|deno)\s+(-m\s+unittest\b|\S*(test|repro)\w*\.(py|js|mjs|ts|rb)\b)']"#;
     }
 }
 
@@ -779,7 +779,7 @@ section! {
         /// regexes on the start of a result (its first 512 bytes, masked) that mean the call
         /// failed, for results that carry no error flag or exit code (chat transcripts, the proxy)
         error_patterns: Vec<Regex> = REGEXES,
-            r#"['(?i)^[^\n0-9]{0,120}?\b(error|fatal|exception|traceback|panic|panicked|failed|failure)\b', '(?i)^[^\n]{0,200}?\b(command not found|no such file or directory|permission denied|not recognized as|does not exist|no such (function|method|tool|endpoint|table|column|command)|unknown (command|function|tool|method|endpoint))\b', '(?i)\b(exit(ed)?( with)? (code|status)|exit_code|exitcode|returncode)"?\s*[:=]?\s*[1-9]', '(?i)^\W{0,3}"?(status|status_?code|http_?status)"?\s*[:=]\s*"?[45]\d\d\b', '(?i)^\s*HTTP/[0-9.]+ [45]\d\d\b']"#;
+            r#"['(?i)^[^\n0-9]{0,120}?\b(error|fatal|exception|traceback|panic|panicked|failed|failure)\b', '(?i)^[^\n]{0,200}?\b(command not found|no such file or directory|permission denied|not recognized as|does not exist|no such (function|method|tool|endpoint|table|column|command)|unknown (command|function|tool|method|endpoint))\b', '(?i)\b(exit(ed)?( with)? (code|status)|exit_code|exitcode|returncode)"?\s*[:=]?\s*[1-9]', '(?i)^\s*<(returncode|exit_code)>\s*[1-9]', '(?i)^\W{0,3}"?(status|status_?code|http_?status)"?\s*[:=]\s*"?[45]\d\d\b', '(?i)^\s*HTTP/[0-9.]+ [45]\d\d\b']"#;
         /// regexes on either end of a successful result (its first and last 512 bytes, as it
         /// came) that mean the work it looks at is still under way (a background job `running`,
         /// a rollout `in progress`): the same call made next polls it (flagged only at twice the

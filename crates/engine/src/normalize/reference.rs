@@ -539,7 +539,7 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         let mut lines = masked
             .lines()
             .map(str::trim)
-            .filter(|l| !l.is_empty() && !super::is_id_line(l));
+            .filter(|l| !l.is_empty() && !super::is_label_line(l));
         let first = lines.next().unwrap_or("");
         let last = lines.next_back().unwrap_or("");
         let mut h = StreamHasher::new();

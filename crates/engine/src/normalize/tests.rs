@@ -160,6 +160,50 @@ fn a_failure_summary_at_the_end_is_a_failure() {
     }
 }
 
+/// mini-swe-agent wraps every observation in `<returncode>` and `<output>` tags: two different
+/// failures shared their first and last lines, and so their signature.
+#[test]
+fn failures_wrapped_in_a_harness_markup_are_known_by_what_failed() {
+    let loaded = loopguard_rules::Policy::builtin_default();
+    let c = loaded.policy.unwrap().resolve(None, None);
+    let r = ResultRules::from_config(&c);
+    let out = |output: &str| {
+        r.outcome(&ToolResult {
+            session: "s",
+            call_id: "c",
+            output,
+            is_error: false,
+            exit_code: None,
+            time_ms: 0,
+        })
+    };
+    let missing = out(
+        "<returncode>2</returncode>\n<output>\nls: cannot access 'build': No such file or directory\n</output>",
+    );
+    let import = out(
+        "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\n  File \"t.py\", line 1, in <module>\nImportError: cannot import name 'merge' from 'pkg'\n</output>",
+    );
+    let import_other = out(
+        "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\n  File \"t.py\", line 1, in <module>\nImportError: cannot import name 'concat' from 'pkg'\n</output>",
+    );
+    assert!(missing.error && import.error && import_other.error);
+    assert_ne!(missing.digest, import.digest);
+    assert_eq!(import.digest, import_other.digest);
+    assert!(!out("<returncode>0</returncode>\n<output>\nok\n</output>").error);
+    for (line, label) in [
+        ("<output>", true),
+        ("</output>", true),
+        ("<returncode>1</returncode>", true),
+        ("<exit_code>127</exit_code>", true),
+        ("<b>Error</b>: bad", false),
+        ("<div>a much longer value than twelve bytes</div>", false),
+        ("<a>1</b>", false),
+        ("<>", false),
+    ] {
+        assert_eq!(super::is_label_line(line), label, "{line}");
+    }
+}
+
 /// An ESC followed by a multi-byte character made the masker slice inside the character.
 #[test]
 fn escape_before_multibyte_char() {
