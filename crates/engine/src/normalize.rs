@@ -217,10 +217,13 @@ impl ResultRules {
             digest,
             sketch: sketch(masked),
             error,
-            empty: match &self.empty_any {
-                Some(set) => set.is_match(buf),
-                None => self.empty.iter().any(|re| re.is_match(buf)),
-            },
+            // A failure that says nothing but its exit code (`grep` finding no match) is an
+            // empty answer.
+            empty: (error && says_nothing(masked))
+                || match &self.empty_any {
+                    Some(set) => set.is_match(buf),
+                    None => self.empty.iter().any(|re| re.is_match(buf)),
+                },
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
@@ -275,6 +278,49 @@ fn is_markup_line(line: &str) -> bool {
                 && !value.contains(&b'<')
         }
     }
+}
+
+/// Whether a masked result says nothing but how its command exited: every line of it is
+/// empty, a harness's label ([`is_label_line`]), or only an exit code (`exit code 1`, `Error:
+/// Exit code 1`, `Command failed with exit status 2`). Lines are read up to 8.
+pub(super) fn says_nothing(masked: &str) -> bool {
+    masked.len() <= 512
+        && masked
+            .lines()
+            .take(9)
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !is_label_line(l))
+            .all(is_exit_line)
+        && masked.lines().nth(8).is_none()
+}
+
+/// Whether a line only says how a command exited.
+fn is_exit_line(line: &str) -> bool {
+    if line.len() > 80 {
+        return false;
+    }
+    let lower = line.to_ascii_lowercase().replace("<n>", "0");
+    let mut rest = lower.trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
+    for prefix in [
+        "error", "command", "process", "failed", "exited", "with", "the",
+    ] {
+        rest = rest.strip_prefix(prefix).map_or(rest, |r| {
+            r.trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        });
+    }
+    let Some(after) = [
+        "exit code",
+        "exit status",
+        "exit_code",
+        "exitcode",
+        "returncode",
+        "code",
+    ]
+    .iter()
+    .find_map(|p| rest.strip_prefix(p)) else {
+        return false;
+    };
+    !after.bytes().any(|b| b.is_ascii_alphabetic()) && after.bytes().any(|b| b.is_ascii_digit())
 }
 
 /// Whether a line only names an id (`Call id: call_3`, `request-id = 7f3a`, `Trace ID: …`): a

@@ -1018,6 +1018,47 @@ fn an_edit_made_by_a_script_is_an_edit() {
 }
 
 #[test]
+fn searches_that_find_nothing_are_empty_answers_not_the_same_error() {
+    // grep exits 1 when nothing matches: four names looked for are a search.
+    for miss in [
+        "",
+        "exit code 1",
+        "Error: Exit code 1",
+        "<returncode>1</returncode>\n<output>\n</output>",
+    ] {
+        let mut h = H::default();
+        for (i, q) in ["retry_limit", "max_retries", "RETRY_LIMIT", "retries ="]
+            .iter()
+            .enumerate()
+        {
+            let (c, r) = h.bash(&format!("grep -rn '{q}' src/"), miss, miss.is_empty());
+            assert!(
+                c.is_allow() && r.is_allow(),
+                "{miss:?} search {i}: {c:?} {r:?}"
+            );
+        }
+        // Looking on and on without finding anything is still a loop, later.
+        let (c, r) = h.bash("grep -rn 'retry' src/", miss, miss.is_empty());
+        assert_eq!(det(&r).or(det(&c)), Some("same_outcome"), "{miss:?}");
+    }
+    // A failure that says what went wrong is an error: three different calls failing the
+    // same way are flagged at the third.
+    let mut h = H::default();
+    let verdicts: Vec<bool> = ["a", "b", "c"]
+        .iter()
+        .map(|f| {
+            let (c, r) = h.bash(
+                &format!("make {f}"),
+                "make: *** No rule to make target. Stop.",
+                true,
+            );
+            c.is_allow() && r.is_allow()
+        })
+        .collect();
+    assert_eq!(verdicts, [true, true, false]);
+}
+
+#[test]
 fn silent_shell_commands_are_not_empty_outcomes() {
     let mut h = H::default();
     for d in ["a", "b", "c", "d", "e"] {

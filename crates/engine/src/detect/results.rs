@@ -84,7 +84,9 @@ enum Outcome {
 
 fn outcome(r: &Record, p: &SameOutcome) -> Option<Outcome> {
     if bad(r, p.include_empty) {
-        Some(if r.has(flag::ERROR) {
+        // A failure that says nothing but its exit code (`grep` finding no match) is an empty
+        // answer.
+        Some(if r.has(flag::ERROR) && !r.has(flag::EMPTY) {
             Outcome::Error
         } else {
             Outcome::Empty

@@ -555,7 +555,8 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         digest,
         sketch: sketch_plain(masked),
         error,
-        empty: rules.empty.iter().any(|re| re.is_match(buf)),
+        empty: (error && super::says_nothing(masked))
+            || rules.empty.iter().any(|re| re.is_match(buf)),
         retryable: error && rules.retryable.iter().any(|re| re.is_match(buf)),
     }
 }
