@@ -119,9 +119,12 @@ impl Session {
         if let Some(t) = tool.as_deref() {
             drop_exempt(t, &mut cands);
         }
-        // Plugins see the engine's judgement of failure (error patterns included).
+        // Plugins see the engine's judgement of failure (error patterns included); a failure
+        // that says nothing but its exit code is an empty answer, no failure.
+        let silent = outcome.error && outcome.empty;
         let judged = ToolResult {
-            is_error: outcome.error,
+            is_error: outcome.error && !silent,
+            exit_code: if silent { None } else { r.exit_code },
             ..*r
         };
         let hits = rules
