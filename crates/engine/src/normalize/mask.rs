@@ -133,13 +133,28 @@ struct Word {
 fn word(b: &[u8], i: usize) -> Word {
     let mut j = i;
     let mut acc = 0;
-    while j < b.len() {
-        let k = class(b[j]);
-        if k & WORD == 0 {
-            break;
+    // Eight bytes at a time while eight can be read (no bounds check per byte), then a byte at
+    // a time.
+    'scan: {
+        while let Some(c) = b.get(j..).and_then(<[u8]>::first_chunk::<8>) {
+            for (t, &x) in c.iter().enumerate() {
+                let k = class(x);
+                if k & WORD == 0 {
+                    j += t;
+                    break 'scan;
+                }
+                acc |= k;
+            }
+            j += 8;
         }
-        acc |= k;
-        j += 1;
+        while j < b.len() {
+            let k = class(b[j]);
+            if k & WORD == 0 {
+                break;
+            }
+            acc |= k;
+            j += 1;
+        }
     }
     let lead_digits = if acc == DIGIT {
         j - i
