@@ -136,7 +136,7 @@ fn word(b: &[u8], i: usize) -> Word {
     // Eight bytes at a time while eight can be read (no bounds check per byte), then a byte at
     // a time.
     'scan: {
-        while let Some(c) = b.get(j..).and_then(<[u8]>::first_chunk::<8>) {
+        while let Some(c) = b.get(j..j + 8).and_then(|s| <&[u8; 8]>::try_from(s).ok()) {
             for (t, &x) in c.iter().enumerate() {
                 let k = class(x);
                 if k & WORD == 0 {
@@ -223,9 +223,7 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
             && volatile_key_before(b, i)
         {
             let mut j = i + n;
-            if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
-                j += 1 + digits(b, j + 1);
-            }
+            j += fraction(b, j);
             if end_ok(b, j) {
                 return Some((j - i, rep!("<n>")));
             }
@@ -312,6 +310,18 @@ fn digits(b: &[u8], i: usize) -> usize {
         j += 1;
     }
     j.max(i) - i
+}
+
+/// The length of `.digits` at `j` (0 if there is none).
+#[inline(always)]
+fn fraction(b: &[u8], j: usize) -> usize {
+    if b.get(j) != Some(&b'.') {
+        return 0;
+    }
+    match digits(b, j + 1) {
+        0 => 0,
+        n => n + 1,
+    }
 }
 
 #[inline(always)]
@@ -585,9 +595,7 @@ fn uuid_at(b: &[u8], i: usize) -> bool {
 /// A duration at `i`, whose leading digits are `n` bytes: `12ms`, `0.01s`, `45 ms`, `3 seconds`.
 fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     let mut j = i + n;
-    if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
-        j += 1 + digits(b, j + 1);
-    }
+    j += fraction(b, j);
     // A unit starts with a letter (or `µ`), directly or after one space, and ends a word: it
     // is the whole word there.
     let (spaced, at) = match *b.get(j)? {

@@ -70,7 +70,7 @@ pub fn sketch(text: &str) -> Option<u64> {
         let mut cur = FNV_OFFSET;
         'word: loop {
             // Eight bytes at a time while eight can be read (no bounds check per byte).
-            while let Some(c) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+            while let Some(c) = b.get(i..i + 8).and_then(|s| <&[u8; 8]>::try_from(s).ok()) {
                 for (t, &x) in c.iter().enumerate() {
                     let v = FOLD[usize::from(x)];
                     // Letters, `_` and non-ASCII bytes all enter the hash above `0`.
