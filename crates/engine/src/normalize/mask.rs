@@ -11,7 +11,7 @@
 use super::Maskers;
 use super::out::{Out, Rep, pad};
 
-/// A replacement, padded for [`Out::rep`].
+/// A replacement, padded for [`Out::copy_rep`].
 macro_rules! rep {
     ($s:literal) => {{
         const R: Rep = (&pad($s), $s.len());
@@ -103,8 +103,7 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
             }
         };
         let (len, rep) = hit;
-        out.copy(b, copied, i);
-        out.rep(rep);
+        out.copy_rep(b, copied, i, rep);
         i += len.max(1);
         // A mask ends on a character boundary (the bytes after it are whole characters).
         while b.get(i).is_some_and(|&c| (c as i8) < -0x40) {
