@@ -522,17 +522,20 @@ fn id_len(b: &[u8], i: usize) -> Option<usize> {
 
 fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     // 2024-01-02[T ]12:34:56[.123][Z|+01:00]
-    if n == 4
-        && matches!(b.get(i + 4), Some(b'-' | b'/'))
-        && two_digits(b, i + 5)
-        && b.get(i + 7) == b.get(i + 4)
-        && two_digits(b, i + 8)
-    {
+    if n == 4 && date_at(b, i + 4) {
         let mut j = i + 10;
-        if matches!(b.get(j), Some(b'T' | b' '))
-            && two_digits(b, j + 1)
-            && b.get(j + 3) == Some(&b':')
-        {
+        // `T12:` or ` 12:` (each read at once when four bytes are there).
+        let time = match b.get(j..j + 4) {
+            Some(&[t, h1, h2, c]) => {
+                matches!(t, b'T' | b' ') && h1.is_ascii_digit() && h2.is_ascii_digit() && c == b':'
+            }
+            _ => {
+                matches!(b.get(j), Some(b'T' | b' '))
+                    && two_digits(b, j + 1)
+                    && b.get(j + 3) == Some(&b':')
+            }
+        };
+        if time {
             j = time_end(b, j + 1);
         }
         return Some(j - i);
@@ -548,9 +551,38 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     None
 }
 
+/// `-01-02` (or `/01/02`) at `j`, then no digit: a date's month and day after its year.
+#[inline(always)]
+fn date_at(b: &[u8], j: usize) -> bool {
+    match b.get(j..j + 7) {
+        // Each byte read once when seven are there.
+        Some(&[s, m1, m2, s2, d1, d2, after]) => {
+            matches!(s, b'-' | b'/')
+                && s2 == s
+                && [m1, m2, d1, d2].iter().all(u8::is_ascii_digit)
+                && !after.is_ascii_digit()
+        }
+        _ => {
+            matches!(b.get(j), Some(b'-' | b'/'))
+                && two_digits(b, j + 1)
+                && b.get(j + 3) == b.get(j)
+                && two_digits(b, j + 4)
+        }
+    }
+}
+
 /// End of `hh:mm[:ss[.frac]][Z|±hh[:]mm]` starting at `j`.
 fn time_end(b: &[u8], j: usize) -> usize {
-    let mut j = j + digits(b, j);
+    // The common `hh:mm:ss` (then no digit) in one test; what follows it as below.
+    let mut j = match b.get(j..j + 9) {
+        Some(&[h1, h2, b':', m1, m2, b':', s1, s2, after])
+            if [h1, h2, m1, m2, s1, s2].iter().all(u8::is_ascii_digit)
+                && !after.is_ascii_digit() =>
+        {
+            j + 8
+        }
+        _ => j + digits(b, j),
+    };
     while b.get(j) == Some(&b':') && two_digits(b, j + 1) {
         j += 3;
     }
