@@ -205,6 +205,8 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
         }
         if m.counters
             && after == Some(b' ')
+            // `t` or `T` first (`| 0x20` makes `t` of no other byte).
+            && b.get(i + n + 1).is_some_and(|&t| t | 0x20 == b't')
             && starts_ci(b, i + n, " times")
             && end_ok(b, i + n + 6)
         {
