@@ -329,10 +329,11 @@ fn is_id_line(line: &str) -> bool {
     if line.len() > 200 {
         return false;
     }
-    let Some((label, value)) = line.split_once([':', '=']) else {
+    // The first `:` or `=` (ASCII: a character boundary).
+    let Some(at) = memchr::memchr2(b':', b'=', line.as_bytes()) else {
         return false;
     };
-    let (label, value) = (label.trim(), value.trim());
+    let (label, value) = (line[..at].trim(), line[at + 1..].trim());
     if label.len() > 40 || value.is_empty() || value.contains(char::is_whitespace) {
         return false;
     }

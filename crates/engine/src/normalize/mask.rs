@@ -11,7 +11,7 @@
 use super::Maskers;
 use super::out::{Out, Rep, pad};
 
-/// A replacement, padded for [`Out::rep`].
+/// A replacement, padded for [`Out::copy_rep`].
 macro_rules! rep {
     ($s:literal) => {{
         const R: Rep = (&pad($s), $s.len());
@@ -103,8 +103,7 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
             }
         };
         let (len, rep) = hit;
-        out.copy(b, copied, i);
-        out.rep(rep);
+        out.copy_rep(b, copied, i, rep);
         i += len.max(1);
         // A mask ends on a character boundary (the bytes after it are whole characters).
         while b.get(i).is_some_and(|&c| (c as i8) < -0x40) {
@@ -133,13 +132,28 @@ struct Word {
 fn word(b: &[u8], i: usize) -> Word {
     let mut j = i;
     let mut acc = 0;
-    while j < b.len() {
-        let k = class(b[j]);
-        if k & WORD == 0 {
-            break;
+    // Eight bytes at a time while eight can be read (no bounds check per byte), then a byte at
+    // a time.
+    'scan: {
+        while let Some(c) = b.get(j..j + 8).and_then(|s| <&[u8; 8]>::try_from(s).ok()) {
+            for (t, &x) in c.iter().enumerate() {
+                let k = class(x);
+                if k & WORD == 0 {
+                    j += t;
+                    break 'scan;
+                }
+                acc |= k;
+            }
+            j += 8;
         }
-        acc |= k;
-        j += 1;
+        while j < b.len() {
+            let k = class(b[j]);
+            if k & WORD == 0 {
+                break;
+            }
+            acc |= k;
+            j += 1;
+        }
     }
     let lead_digits = if acc == DIGIT {
         j - i
@@ -191,6 +205,8 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
         }
         if m.counters
             && after == Some(b' ')
+            // `t` or `T` first (`| 0x20` makes `t` of no other byte).
+            && b.get(i + n + 1).is_some_and(|&t| t | 0x20 == b't')
             && starts_ci(b, i + n, " times")
             && end_ok(b, i + n + 6)
         {
@@ -208,9 +224,7 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
             && volatile_key_before(b, i)
         {
             let mut j = i + n;
-            if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
-                j += 1 + digits(b, j + 1);
-            }
+            j += fraction(b, j);
             if end_ok(b, j) {
                 return Some((j - i, rep!("<n>")));
             }
@@ -297,6 +311,18 @@ fn digits(b: &[u8], i: usize) -> usize {
         j += 1;
     }
     j.max(i) - i
+}
+
+/// The length of `.digits` at `j` (0 if there is none).
+#[inline(always)]
+fn fraction(b: &[u8], j: usize) -> usize {
+    if b.get(j) != Some(&b'.') {
+        return 0;
+    }
+    match digits(b, j + 1) {
+        0 => 0,
+        n => n + 1,
+    }
 }
 
 #[inline(always)]
@@ -498,17 +524,20 @@ fn id_len(b: &[u8], i: usize) -> Option<usize> {
 
 fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     // 2024-01-02[T ]12:34:56[.123][Z|+01:00]
-    if n == 4
-        && matches!(b.get(i + 4), Some(b'-' | b'/'))
-        && two_digits(b, i + 5)
-        && b.get(i + 7) == b.get(i + 4)
-        && two_digits(b, i + 8)
-    {
+    if n == 4 && date_at(b, i + 4) {
         let mut j = i + 10;
-        if matches!(b.get(j), Some(b'T' | b' '))
-            && two_digits(b, j + 1)
-            && b.get(j + 3) == Some(&b':')
-        {
+        // `T12:` or ` 12:` (each read at once when four bytes are there).
+        let time = match b.get(j..j + 4) {
+            Some(&[t, h1, h2, c]) => {
+                matches!(t, b'T' | b' ') && h1.is_ascii_digit() && h2.is_ascii_digit() && c == b':'
+            }
+            _ => {
+                matches!(b.get(j), Some(b'T' | b' '))
+                    && two_digits(b, j + 1)
+                    && b.get(j + 3) == Some(&b':')
+            }
+        };
+        if time {
             j = time_end(b, j + 1);
         }
         return Some(j - i);
@@ -524,9 +553,38 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     None
 }
 
+/// `-01-02` (or `/01/02`) at `j`, then no digit: a date's month and day after its year.
+#[inline(always)]
+fn date_at(b: &[u8], j: usize) -> bool {
+    match b.get(j..j + 7) {
+        // Each byte read once when seven are there.
+        Some(&[s, m1, m2, s2, d1, d2, after]) => {
+            matches!(s, b'-' | b'/')
+                && s2 == s
+                && [m1, m2, d1, d2].iter().all(u8::is_ascii_digit)
+                && !after.is_ascii_digit()
+        }
+        _ => {
+            matches!(b.get(j), Some(b'-' | b'/'))
+                && two_digits(b, j + 1)
+                && b.get(j + 3) == b.get(j)
+                && two_digits(b, j + 4)
+        }
+    }
+}
+
 /// End of `hh:mm[:ss[.frac]][Z|±hh[:]mm]` starting at `j`.
 fn time_end(b: &[u8], j: usize) -> usize {
-    let mut j = j + digits(b, j);
+    // The common `hh:mm:ss` (then no digit) in one test; what follows it as below.
+    let mut j = match b.get(j..j + 9) {
+        Some(&[h1, h2, b':', m1, m2, b':', s1, s2, after])
+            if [h1, h2, m1, m2, s1, s2].iter().all(u8::is_ascii_digit)
+                && !after.is_ascii_digit() =>
+        {
+            j + 8
+        }
+        _ => j + digits(b, j),
+    };
     while b.get(j) == Some(&b':') && two_digits(b, j + 1) {
         j += 3;
     }
@@ -570,9 +628,7 @@ fn uuid_at(b: &[u8], i: usize) -> bool {
 /// A duration at `i`, whose leading digits are `n` bytes: `12ms`, `0.01s`, `45 ms`, `3 seconds`.
 fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     let mut j = i + n;
-    if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
-        j += 1 + digits(b, j + 1);
-    }
+    j += fraction(b, j);
     // A unit starts with a letter (or `µ`), directly or after one space, and ends a word: it
     // is the whole word there.
     let (spaced, at) = match *b.get(j)? {

@@ -53,6 +53,28 @@ impl<'a> Out<'a> {
     pub(super) fn copy(&mut self, src: &[u8], from: usize, to: usize) {
         let n = to.saturating_sub(from);
         self.room(n);
+        self.put(src, from, to, n);
+    }
+
+    /// Writes `src[from..to]`, then a replacement (one check for room for both).
+    #[inline(always)]
+    pub(super) fn copy_rep(&mut self, src: &[u8], from: usize, to: usize, (bytes, r): Rep) {
+        let n = to.saturating_sub(from);
+        self.room(n + 16);
+        self.put(src, from, to, n);
+        if let Some(d) = self
+            .buf
+            .get_mut(self.len..)
+            .and_then(<[u8]>::first_chunk_mut::<16>)
+        {
+            *d = *bytes;
+        }
+        self.len += r.min(16);
+    }
+
+    /// Writes `src[from..to]`, `n` bytes, with room for them made.
+    #[inline(always)]
+    fn put(&mut self, src: &[u8], from: usize, to: usize, n: usize) {
         let at = self.len;
         if n <= 16 {
             // One 16-byte move when 16 bytes can be read from `from` (the bytes written past
@@ -92,20 +114,6 @@ impl<'a> Out<'a> {
             d.copy_from_slice(s);
         }
         self.len += n;
-    }
-
-    /// Writes a replacement.
-    #[inline(always)]
-    pub(super) fn rep(&mut self, (bytes, n): Rep) {
-        self.room(16);
-        if let Some(d) = self
-            .buf
-            .get_mut(self.len..)
-            .and_then(<[u8]>::first_chunk_mut::<16>)
-        {
-            *d = *bytes;
-        }
-        self.len += n.min(16);
     }
 
     /// Writes bytes (rare pieces: the mark between the two ends of a long result).

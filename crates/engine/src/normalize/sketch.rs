@@ -68,23 +68,48 @@ pub fn sketch(text: &str) -> Option<u64> {
             break;
         }
         let mut cur = FNV_OFFSET;
-        while i < n {
-            let v = FOLD[usize::from(b[i])];
-            i += 1;
-            // Letters, `_` and non-ASCII bytes all enter the hash above `0`.
-            if v > b'0' {
-                cur = (cur ^ u64::from(v)).wrapping_mul(FNV_PRIME);
-                continue;
+        'word: loop {
+            // Eight bytes at a time while eight can be read (no bounds check per byte).
+            while let Some(c) = b.get(i..i + 8).and_then(|s| <&[u8; 8]>::try_from(s).ok()) {
+                for (t, &x) in c.iter().enumerate() {
+                    let v = FOLD[usize::from(x)];
+                    // Letters, `_` and non-ASCII bytes all enter the hash above `0`.
+                    if v > b'0' {
+                        cur = (cur ^ u64::from(v)).wrapping_mul(FNV_PRIME);
+                        continue;
+                    }
+                    i += t;
+                    if v == 0 {
+                        break 'word;
+                    }
+                    // A run of digits enters the hash as one `0`.
+                    cur = (cur ^ u64::from(b'0')).wrapping_mul(FNV_PRIME);
+                    i += 1;
+                    while i < n && b[i].is_ascii_digit() {
+                        i += 1;
+                    }
+                    continue 'word;
+                }
+                i += 8;
             }
-            if v == 0 {
-                i -= 1;
-                break;
-            }
-            // A run of digits enters the hash as one `0`.
-            cur = (cur ^ u64::from(b'0')).wrapping_mul(FNV_PRIME);
-            while i < n && b[i].is_ascii_digit() {
+            // The last bytes, one at a time.
+            while i < n {
+                let v = FOLD[usize::from(b[i])];
                 i += 1;
+                if v > b'0' {
+                    cur = (cur ^ u64::from(v)).wrapping_mul(FNV_PRIME);
+                    continue;
+                }
+                if v == 0 {
+                    i -= 1;
+                    break;
+                }
+                cur = (cur ^ u64::from(b'0')).wrapping_mul(FNV_PRIME);
+                while i < n && b[i].is_ascii_digit() {
+                    i += 1;
+                }
             }
+            break;
         }
         let f = mix(prev, cur);
         let bin = (f >> 58) as usize;
