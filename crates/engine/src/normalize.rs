@@ -60,6 +60,9 @@ pub struct ResultRules {
     pub(crate) errors: Vec<Regex>,
     /// `results.error_tail_patterns`, read on the output's last [`TAIL_BYTES`].
     pub(crate) error_tails: Vec<Regex>,
+    /// `error_tails` as one alternation, searched once (`None` when it could not be built, or
+    /// there are none: then each pattern is searched).
+    error_tail_any: Option<Regex>,
     pub(crate) retryable: Vec<Regex>,
     pub(crate) max_bytes: usize,
 }
@@ -119,6 +122,23 @@ impl ResultRules {
             .ok(),
             errors: c.results.error_patterns.clone(),
             error_tails: c.results.error_tail_patterns.clone(),
+            // Each pattern in a group of its own keeps its inline flags to itself.
+            error_tail_any: (!c.results.error_tail_patterns.is_empty())
+                .then(|| {
+                    let joined = c
+                        .results
+                        .error_tail_patterns
+                        .iter()
+                        .map(|re| format!("(?:{})", re.as_str()))
+                        .collect::<Vec<_>>()
+                        .join("|");
+                    regex::RegexBuilder::new(&joined)
+                        .size_limit(4 << 20)
+                        .dfa_size_limit(1 << 20)
+                        .build()
+                        .ok()
+                })
+                .flatten(),
             retryable: c.results.retryable_patterns.clone(),
             max_bytes: c.results.max_bytes.max(1),
         }
@@ -190,7 +210,10 @@ impl ResultRules {
                     self.errors.iter().any(|re| re.is_match(head))
                         || (!self.error_tails.is_empty() && {
                             let tail = tail_of(r.output, TAIL_BYTES);
-                            self.error_tails.iter().any(|re| re.is_match(tail))
+                            match &self.error_tail_any {
+                                Some(re) => re.is_match(tail),
+                                None => self.error_tails.iter().any(|re| re.is_match(tail)),
+                            }
                         })
                 }
             };
