@@ -173,25 +173,30 @@ const SCRIPT_WRITES: [&[u8]; 14] = [
 /// (`sys.stdout.write(`) is not.
 pub(super) fn script_writes(cmd: &str) -> bool {
     let b = cmd.as_bytes();
-    let writes = SCRIPT_WRITES.iter().any(|m| {
-        memchr::memmem::find_iter(b, m).any(|at| {
-            let before = &b[..at];
-            !(before.ends_with(b"stdout") || before.ends_with(b"stderr"))
-        })
+    // A script that writes calls something, and most command lines run no interpreter: both
+    // are settled before any marker is looked for.
+    if memchr::memchr(b'(', b).is_none() {
+        return false;
+    }
+    let interpreted = Segments::new(cmd).any(|segment| {
+        segment
+            .split_whitespace()
+            .find(|w| !w.contains('='))
+            .map(|w| w.rsplit('/').next().unwrap_or(w))
+            .is_some_and(|w| {
+                let name = w.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+                matches!(
+                    name,
+                    "python" | "node" | "ruby" | "perl" | "deno" | "bun" | "php"
+                )
+            })
     });
-    writes
-        && Segments::new(cmd).any(|segment| {
-            segment
-                .split_whitespace()
-                .find(|w| !w.contains('='))
-                .map(|w| w.rsplit('/').next().unwrap_or(w))
-                .is_some_and(|w| {
-                    let name = w.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-                    matches!(
-                        name,
-                        "python" | "node" | "ruby" | "perl" | "deno" | "bun" | "php"
-                    )
-                })
+    interpreted
+        && SCRIPT_WRITES.iter().any(|m| {
+            memchr::memmem::find_iter(b, m).any(|at| {
+                let before = &b[..at];
+                !(before.ends_with(b"stdout") || before.ends_with(b"stderr"))
+            })
         })
 }
 
@@ -463,6 +468,14 @@ pub(crate) const NOOP_FUZZY: u32 = 0x6e6f_6f70;
 /// `printf` of literal words (no `$`, no backquote, no redirection, no glob), so what it
 /// prints is its own text and it changes nothing.
 pub(crate) fn noop(cmd: &str) -> bool {
+    // Most command lines start with a command that does something: settled by the first word.
+    let first = cmd.split_ascii_whitespace().next().unwrap_or("");
+    if !matches!(first, "true" | ":" | "echo" | "printf")
+        && !first.eq_ignore_ascii_case("cmd")
+        && !first.eq_ignore_ascii_case("cmd.exe")
+    {
+        return false;
+    }
     let b = cmd.as_bytes();
     if b.is_empty()
         || b.iter().any(|c| {
