@@ -120,20 +120,7 @@ fn classification() {
 /// Test runners and builds say they failed at the end of their output, not on its first line.
 #[test]
 fn a_failure_summary_at_the_end_is_a_failure() {
-    let loaded = loopguard_rules::Policy::builtin_default();
-    let c = loaded.policy.unwrap().resolve(None, None);
-    let r = ResultRules::from_config(&c);
-    let error = |output: &str| {
-        r.outcome(&ToolResult {
-            session: "s",
-            call_id: "c",
-            output,
-            is_error: false,
-            exit_code: None,
-            time_ms: 0,
-        })
-        .error
-    };
+    let error = |output: &str| flagless_outcome(output).error;
     let log = "collected 12 items\n\ntests/test_parse.py ....F.......\n".repeat(40);
     for failed in [
         format!(
@@ -164,19 +151,7 @@ fn a_failure_summary_at_the_end_is_a_failure() {
 /// failures shared their first and last lines, and so their signature.
 #[test]
 fn failures_wrapped_in_a_harness_markup_are_known_by_what_failed() {
-    let loaded = loopguard_rules::Policy::builtin_default();
-    let c = loaded.policy.unwrap().resolve(None, None);
-    let r = ResultRules::from_config(&c);
-    let out = |output: &str| {
-        r.outcome(&ToolResult {
-            session: "s",
-            call_id: "c",
-            output,
-            is_error: false,
-            exit_code: None,
-            time_ms: 0,
-        })
-    };
+    let out = flagless_outcome;
     let missing = out(
         "<returncode>2</returncode>\n<output>\nls: cannot access 'build': No such file or directory\n</output>",
     );
@@ -509,6 +484,19 @@ proptest::proptest! {
 fn rules() -> &'static [ResultRules; 2] {
     static RULES: std::sync::OnceLock<[ResultRules; 2]> = std::sync::OnceLock::new();
     RULES.get_or_init(|| [default_rules(), patterned_rules()])
+}
+
+/// The default policy's outcome of a result with no error flag and no exit code, as chat
+/// transcripts and the proxy carry them.
+fn flagless_outcome(output: &str) -> Outcome {
+    rules()[0].outcome(&ToolResult {
+        session: "s",
+        call_id: "c",
+        output,
+        is_error: false,
+        exit_code: None,
+        time_ms: 0,
+    })
 }
 
 fn default_rules() -> ResultRules {
