@@ -964,6 +964,23 @@ fn commands_that_do_nothing_are_one_call_however_they_are_worded() {
         !(c.is_allow() && r.is_allow())
     });
     assert!(first.is_some_and(|i| i < 6), "{first:?}");
+    // Section markers printed on their own between other work are idle only each on its own.
+    let mut h = H::default();
+    for i in 0..8 {
+        let (c, r) = h.bash(
+            &format!("echo '=== module {i} ==='"),
+            &format!("=== module {i} ==="),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "marker {i}: {c:?} {r:?}");
+        let (c, r) = h.run(
+            "read_file",
+            json!({"path": format!("src/m{i}.py")}),
+            "def f(): pass",
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "read {i}: {c:?} {r:?}");
+    }
     // An echo beside real work, or of what the shell expands, is no idle call.
     let mut h = H::default();
     for i in 0..6 {

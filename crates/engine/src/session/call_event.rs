@@ -3,6 +3,8 @@
 
 use super::verdicts::{by_name, drop_exempt};
 use super::*;
+use crate::fingerprint::NOOP_FUZZY;
+use crate::hash::mix;
 
 impl Session {
     pub(super) fn on_call(&mut self, c: &Call<'_>) -> Verdict {
@@ -56,10 +58,24 @@ impl Session {
                 flag::MODIFY,
             )
             | bit(batched, flag::BATCH);
+        // A command line that does nothing: such lines count together only while nothing else
+        // is done, so their fuzzy key is the last call that did something; the record is known
+        // by its digest, fixed from the call on.
+        let idle = tool.keys.shell && keys.fuzzy == u64::from(NOOP_FUZZY);
+        let fuzzy = if idle {
+            let anchor = self
+                .full_window(now)
+                .iter()
+                .find(|r| !(r.has(flag::SHELL) && r.digest == NOOP_FUZZY))
+                .map_or(0, |r| r.exact);
+            mix(u64::from(NOOP_FUZZY), u64::from(anchor)) as u32
+        } else {
+            keys.fuzzy as u32
+        };
         self.push(Record {
             exact,
-            fuzzy: keys.fuzzy as u32,
-            digest: 0,
+            fuzzy,
+            digest: if idle { NOOP_FUZZY } else { 0 },
             sketch: 0,
             call: hash_str(c.call_id) as u32,
             time: now,

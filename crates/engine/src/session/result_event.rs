@@ -50,7 +50,7 @@ impl Session {
             }
         }
         // What a command line that does nothing prints is its own text: one outcome.
-        if rec.has(flag::SHELL) && rec.fuzzy == crate::fingerprint::NOOP_FUZZY {
+        if rec.has(flag::SHELL) && rec.digest == crate::fingerprint::NOOP_FUZZY {
             rec.digest = crate::fingerprint::NOOP_FUZZY;
             rec.sketch = 0;
         } else {
