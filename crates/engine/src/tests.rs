@@ -454,6 +454,7 @@ fn a_request_not_to_repeat_grants_no_allowance() {
         ("can you keep polling every 5 seconds?", 10),
         ("No, run it 4 times", 4),
         ("don't stop early, run the benchmark 5 times", 5),
+        ("don't forget to run the benchmark 3 times", 3),
     ] {
         assert_eq!(crate::session::allowance(&c.user, text), n, "{text}");
     }

@@ -215,10 +215,12 @@ pub(crate) fn negated(text: &str, at: usize) -> bool {
         "doesn't",
         "instead",
     ];
-    // "Why don't you run it again?", "why not retry" suggest, not forbid.
+    // "Why don't you run it again?", "why not retry" suggest, and "don't forget to run it
+    // twice" asks: none forbids.
     let suggests = words
         .windows(2)
-        .any(|p| p[0] == "why" && matches!(p[1], "don't" | "dont" | "not"));
+        .any(|p| p[0] == "why" && matches!(p[1], "don't" | "dont" | "not"))
+        || words.contains(&"forget");
     if suggests {
         return false;
     }
