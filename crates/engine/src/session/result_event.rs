@@ -13,16 +13,20 @@ impl Session {
             return Verdict::allow();
         };
         let outcome = rules.results.outcome(r);
-        // Whether the work is still under way matters only to a call made again: the result
-        // of a repeated call is read for it (a first call's next repeat is not yet counted).
-        let repeated = {
-            let w = self.full_window(now);
-            w.get(k).is_some_and(|cur| {
-                (k + 1..w.len())
-                    .filter_map(|i| w.get(i))
-                    .any(|o| o.exact == cur.exact)
-            })
-        };
+        // Whether the work is still under way matters only to a call made again, and a failure
+        // is no state to wait on: only a successful result of a repeated call is read for it (a
+        // first call's next repeat is not yet counted).
+        let pending = !outcome.error
+            && !rules.config.results.pending_patterns.is_empty()
+            && {
+                let w = self.full_window(now);
+                w.get(k).is_some_and(|cur| {
+                    (k + 1..w.len())
+                        .filter_map(|i| w.get(i))
+                        .any(|o| o.exact == cur.exact)
+                })
+            }
+            && pending(&rules.config.results.pending_patterns, r.output);
         let idx = (self.start as usize + self.len as usize - 1 - k) % cap;
         let Some(rec) = self.ring.get_mut(idx) else {
             return Verdict::allow();
@@ -36,9 +40,6 @@ impl Session {
             | flag::SKETCH
             | flag::PENDING);
         rec.flags |= flag::RESULT;
-        // A failure is no state to wait on: the same failing call again is judged as one.
-        let pending =
-            repeated && !outcome.error && pending(&rules.config.results.pending_patterns, r.output);
         for (on, f) in [
             (outcome.error, flag::ERROR),
             (outcome.empty, flag::EMPTY),
