@@ -24,11 +24,12 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::{Rewriter, Rewritten, StreamState, Wire, append_text, text_of};
+use super::{ENTRY_COST, Rewriter, Rewritten, StreamState, Wire, append_text, text_of};
 use crate::judge::{CallIn, Judge, Judged, body_field};
 use crate::sse;
 
-/// Largest total of buffered tool-call text accepted.
+/// Largest total of buffered tool-call text accepted (each choice and call held counts
+/// [`ENTRY_COST`] besides its text).
 pub const MAX_BUFFERED: usize = 16 << 20;
 
 /// Most of a turn's plain text kept for judging (every choice together). Text passes to the
@@ -319,9 +320,9 @@ impl<J: Judge> Stream<J> {
         for mut choice in choices {
             let idx = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
             let stripped = self.take_calls(idx, &mut choice);
-            if stripped && self.buffered > MAX_BUFFERED {
+            if self.buffered > MAX_BUFFERED {
                 self.state
-                    .fail(Wire::Chat, out, "tool-call arguments larger than 16 MiB");
+                    .fail(Wire::Chat, out, "tool calls larger than 16 MiB");
                 return;
             }
             modified |= stripped;
@@ -376,6 +377,9 @@ impl<J: Judge> Stream<J> {
         let Some(Value::Object(delta)) = choice.get_mut("delta") else {
             return false;
         };
+        if !self.choices.contains_key(&idx) {
+            self.buffered += ENTRY_COST;
+        }
         let buf = self.choices.entry(idx).or_default();
         if let Some(Value::String(t)) = delta.get("content") {
             let room = MAX_TEXT.saturating_sub(self.text_bytes);
@@ -395,6 +399,9 @@ impl<J: Judge> Stream<J> {
                         .get("index")
                         .and_then(Value::as_u64)
                         .unwrap_or(pos as u64);
+                    if !buf.calls.contains_key(&i) {
+                        self.buffered += ENTRY_COST;
+                    }
                     let call = buf.calls.entry(i).or_default();
                     self.buffered += merge(call, part.get("id"), part.get("function"));
                 }
@@ -409,6 +416,9 @@ impl<J: Judge> Stream<J> {
     }
 
     fn judge_choice(&mut self, idx: u64) -> Judged {
+        if !self.choices.contains_key(&idx) {
+            self.buffered += ENTRY_COST;
+        }
         let buf = self.choices.entry(idx).or_default();
         if buf.judged {
             return Judged::default();
@@ -826,6 +836,41 @@ mod tests {
             text.len()
         );
         assert!(s.text_bytes <= MAX_TEXT);
+    }
+
+    #[test]
+    fn many_empty_choices_and_calls_are_bounded_like_long_ones() {
+        // Empty calls and choices under new indices, a thousand per chunk: the stream fails
+        // once they count for more than the buffer limit, however few bytes they hold.
+        let calls: Vec<Value> = (0..1000).map(|i| json!({"index": i})).collect();
+        let choices: Vec<Value> = (0..1000)
+            .map(|i| json!({"index": i + 1, "delta": {}, "finish_reason": null}))
+            .collect();
+        let mut s = Stream::new(Scripted::default());
+        for n in 0..200u64 {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| json!({"index": c["index"].as_u64().unwrap() + n * 1000}))
+                .collect();
+            s.push(chunk(json!({"tool_calls": calls}), None).as_bytes());
+            let choices: Vec<Value> = choices
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    c["index"] = json!(c["index"].as_u64().unwrap() + n * 1000);
+                    c
+                })
+                .collect();
+            let c = json!({"id": "c1", "object": "chat.completion.chunk", "choices": choices});
+            s.push(format!("data: {c}\n\n").as_bytes());
+            if s.state.closed {
+                break;
+            }
+        }
+        assert!(s.state.closed && s.state.malformed);
+        let held: usize =
+            s.choices.len() + s.choices.values().map(|c| c.calls.len()).sum::<usize>();
+        assert!(held <= MAX_BUFFERED / ENTRY_COST + 2000, "{held}");
     }
 
     #[test]

@@ -25,13 +25,14 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::{Rewriter, Rewritten, StreamState, Wire};
+use super::{ENTRY_COST, Rewriter, Rewritten, StreamState, Wire};
 use crate::judge::{CallIn, Judge, Judged, body_field};
 use crate::sse;
 
 /// Most of a turn's text kept for judging (the client gets all of it).
 const MAX_TEXT: usize = 16 << 20;
-/// Largest total of buffered tool input accepted.
+/// Largest total of buffered tool input accepted (each block held counts [`ENTRY_COST`]
+/// besides its text).
 const MAX_BUFFERED: usize = 16 << 20;
 
 fn blocks(m: &Value) -> &[Value] {
@@ -300,9 +301,13 @@ impl<J: Judge> Stream<J> {
             "content_block_start" => {
                 let idx = d.get("index").and_then(Value::as_u64).unwrap_or(0);
                 let block = d.get("content_block").cloned().unwrap_or(Value::Null);
+                self.buffered += ENTRY_COST;
                 if block_type(&block) == "tool_use" {
                     let call = call_of(&block);
-                    self.buffered += call.id.len() + call.name.len();
+                    self.buffered += call.id.len() + call.name.len() + call.arguments.len();
+                    if self.over_limit(out) {
+                        return;
+                    }
                     self.blocks.insert(
                         idx,
                         Block::Tool {
@@ -312,6 +317,9 @@ impl<J: Judge> Stream<J> {
                             json: String::new(),
                         },
                     );
+                    return;
+                }
+                if self.over_limit(out) {
                     return;
                 }
                 if let Some(Value::String(t)) = block.get("text") {
@@ -334,13 +342,7 @@ impl<J: Judge> Stream<J> {
                         {
                             json.push_str(p);
                             self.buffered += p.len();
-                            if self.buffered > MAX_BUFFERED {
-                                self.state.fail(
-                                    Wire::Messages,
-                                    out,
-                                    "tool inputs larger than 16 MiB",
-                                );
-                            }
+                            self.over_limit(out);
                         }
                     }
                     Some(Block::Passed { out: o }) => {
@@ -386,6 +388,16 @@ impl<J: Judge> Stream<J> {
             }
             _ => out.push(ev.raw),
         }
+    }
+
+    /// Whether the blocks held are over the limit (the stream then fails).
+    fn over_limit(&mut self, out: &mut Vec<String>) -> bool {
+        if self.buffered > MAX_BUFFERED {
+            self.state
+                .fail(Wire::Messages, out, "tool inputs larger than 16 MiB");
+            return true;
+        }
+        false
     }
 
     fn keep_text(&mut self, t: &str) {
@@ -711,6 +723,46 @@ mod tests {
         }
         out.extend(s.finish());
         (out, s)
+    }
+
+    #[test]
+    fn tool_inputs_of_block_starts_and_many_empty_blocks_are_bounded() {
+        // Whole inputs in `content_block_start` count like inputs in deltas.
+        let input = json!({"command": "x".repeat(1 << 20)});
+        let mut s = Stream::new(Scripted::default());
+        for i in 0..20u64 {
+            let block = json!({"type": "tool_use", "id": format!("toolu_{i}"), "name": "bash", "input": input});
+            s.push(
+                ev(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i, "content_block": block}),
+                )
+                .as_bytes(),
+            );
+        }
+        assert!(s.state.closed && s.state.malformed);
+        assert!(s.blocks.len() <= 16, "{}", s.blocks.len());
+        // So do empty blocks, however few bytes they hold.
+        let mut s = Stream::new(Scripted::default());
+        for i in 0..200_000u64 {
+            let block = json!({"type": "text", "text": ""});
+            s.push(
+                ev(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i, "content_block": block}),
+                )
+                .as_bytes(),
+            );
+            if s.state.closed {
+                break;
+            }
+        }
+        assert!(s.state.closed && s.state.malformed);
+        assert!(
+            s.blocks.len() <= MAX_BUFFERED / ENTRY_COST,
+            "{}",
+            s.blocks.len()
+        );
     }
 
     /// Every event as (type, data).

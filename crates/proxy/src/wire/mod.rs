@@ -406,6 +406,10 @@ pub(crate) trait Events {
     fn at_end(&mut self, out: &mut Vec<String>);
 }
 
+/// What each choice, call, block or item a stream rewriter holds costs against its buffer limit
+/// besides its text, so that a stream of many empty ones is bounded like one of long ones.
+pub(crate) const ENTRY_COST: usize = 256;
+
 /// Feeds upstream bytes through a rewriter; returns the events for the client.
 pub(crate) fn feed<E: Events>(e: &mut E, bytes: &[u8]) -> Vec<String> {
     let mut out = Vec::new();

@@ -25,13 +25,14 @@ use std::collections::BTreeMap;
 use loopguard_transcript::messages;
 use serde_json::{Map, Value, json};
 
-use super::{Rewriter, Rewritten, StreamState, Wire, text_of};
+use super::{ENTRY_COST, Rewriter, Rewritten, StreamState, Wire, text_of};
 use crate::judge::{CallIn, Judge, Judged, body_field};
 use crate::sse;
 
 /// Most of a turn's text kept for judging (the client gets all of it).
 const MAX_TEXT: usize = 16 << 20;
-/// Largest total of buffered call arguments accepted.
+/// Largest total of buffered call arguments accepted (each item held counts [`ENTRY_COST`]
+/// besides its text).
 const MAX_BUFFERED: usize = 16 << 20;
 
 fn item_type(v: &Value) -> &str {
@@ -329,10 +330,15 @@ impl<J: Judge> Stream<J> {
                 let idx = index.unwrap_or(0);
                 let item = d.get("item").cloned().unwrap_or(Value::Null);
                 if is_call(&item) {
+                    let size = item.to_string().len();
                     match self.items.get_mut(&idx) {
-                        Some(Item::Call { item: held, .. }) => *held = item,
+                        Some(Item::Call { item: held, .. }) => {
+                            self.buffered =
+                                self.buffered.saturating_sub(held.to_string().len()) + size;
+                            *held = item;
+                        }
                         _ => {
-                            self.buffered += item.to_string().len();
+                            self.buffered += ENTRY_COST + size;
                             self.items.insert(
                                 idx,
                                 Item::Call {
@@ -348,6 +354,11 @@ impl<J: Judge> Stream<J> {
                 let o = match self.items.get(&idx) {
                     Some(Item::Passed { out }) => *out,
                     _ => {
+                        self.buffered += ENTRY_COST;
+                        self.check_buffered(out);
+                        if self.state.closed {
+                            return;
+                        }
                         let o = self.next_out;
                         self.next_out += 1;
                         self.items.insert(idx, Item::Passed { out: o });
@@ -388,6 +399,7 @@ impl<J: Judge> Stream<J> {
                             .or_else(|| d.get("input"))
                             .and_then(Value::as_str)
                         {
+                            self.buffered = self.buffered.saturating_sub(arguments.len()) + a.len();
                             *arguments = a.to_owned();
                         }
                     } else if let Some(delta) = d.get("delta").and_then(Value::as_str) {
@@ -732,6 +744,38 @@ mod tests {
     fn ev(data: Value) -> String {
         let name = data["type"].as_str().unwrap().to_owned();
         sse::event(&name, &data)
+    }
+
+    #[test]
+    fn arguments_of_done_events_and_many_empty_items_are_bounded() {
+        // Arguments given whole by `.done` events count like arguments in deltas.
+        let args = "x".repeat(1 << 20);
+        let mut s = Stream::new(Scripted::default());
+        for i in 0..20u64 {
+            let id = format!("c{i}");
+            s.push(ev(json!({"type": "response.output_item.added", "output_index": i,
+                "item": {"type": "function_call", "id": format!("fc_{id}"), "call_id": id, "name": "bash", "arguments": ""}})).as_bytes());
+            s.push(ev(json!({"type": "response.function_call_arguments.done", "output_index": i, "arguments": args})).as_bytes());
+        }
+        assert!(s.state.closed && s.state.malformed);
+        assert!(s.items.len() <= 16, "{}", s.items.len());
+        // So do empty items, however few bytes they hold.
+        let mut s = Stream::new(Scripted::default());
+        for i in 0..200_000u64 {
+            s.push(
+                ev(json!({"type": "response.output_item.added", "output_index": i, "item": {}}))
+                    .as_bytes(),
+            );
+            if s.state.closed {
+                break;
+            }
+        }
+        assert!(s.state.closed && s.state.malformed);
+        assert!(
+            s.items.len() <= MAX_BUFFERED / ENTRY_COST,
+            "{}",
+            s.items.len()
+        );
     }
 
     fn upstream() -> String {
