@@ -19,6 +19,7 @@
 //! not read). A Redis that cannot be reached is logged and counted; the replica goes on with
 //! what it holds (fail open). Plugins keep their own per-session state, which is not shared.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -68,6 +69,19 @@ pub struct Book {
 /// Longest text a book keeps in one entry (an id, a note).
 const MAX_ENTRY: usize = 64 << 10;
 
+/// Longest id a live book keeps as written.
+const MAX_ID: usize = crate::session::MAX_ID;
+
+/// An id as a book keeps it: as written up to [`MAX_ID`] bytes, else `#` and its hash, so that
+/// a client's long ids, remembered hundreds of times per session, cost little.
+fn kept(id: &str) -> Cow<'_, str> {
+    if id.len() <= MAX_ID {
+        Cow::Borrowed(id)
+    } else {
+        Cow::Owned(format!("#{:016x}", loopguard_hash::xxh3(id.as_bytes())))
+    }
+}
+
 impl Book {
     /// Holds a book read from elsewhere (a shared store, a state file) to the bounds of a live
     /// one: at most as many entries of each kind, none longer than 64 KiB.
@@ -91,18 +105,27 @@ impl Book {
 
     /// Whether the result `id` is seen for the first time (and remembers it).
     pub fn first_sight(&mut self, id: &str) -> bool {
-        if self.results_seen.iter().any(|s| s == id) {
+        let id = kept(id);
+        if self.results_seen.iter().any(|s| *s == id) {
             return false;
         }
         if self.results_seen.len() >= MAX_SEEN {
             self.results_seen.pop_front();
         }
-        self.results_seen.push_back(id.to_owned());
+        self.results_seen.push_back(id.into_owned());
         true
     }
 
-    /// A note for the result of call `anchor`, in this request and every later one.
+    /// A note for the result of call `anchor`, in this request and every later one; for the
+    /// next request only when `anchor` is too long to keep (it is matched as written).
     pub fn nudge(&mut self, anchor: &str, text: String) {
+        if anchor.len() > MAX_ID {
+            if self.loose.len() >= MAX_NUDGES {
+                self.loose.remove(0);
+            }
+            self.loose.push(text);
+            return;
+        }
         if self.nudges.len() >= MAX_NUDGES {
             self.nudges.pop_front();
         }
@@ -117,15 +140,17 @@ impl Book {
         if self.calls.len() >= MAX_CALLS {
             self.calls.pop_front();
         }
-        self.calls.push_back((id.to_owned(), tool.to_owned()));
+        self.calls
+            .push_back((kept(id).into_owned(), tool.to_owned()));
     }
 
     /// The tool of a remembered call.
     pub fn tool_of(&self, id: &str) -> Option<&str> {
+        let id = kept(id);
         self.calls
             .iter()
             .rev()
-            .find(|(c, _)| c == id)
+            .find(|(c, _)| *c == id)
             .map(|(_, t)| t.as_str())
     }
 
@@ -491,6 +516,32 @@ mod tests {
         lock(&c).last_ms = 1000;
         assert_eq!(books.evict_idle(500, true), ["a"]);
         assert_eq!(books.len(), 2);
+    }
+
+    #[test]
+    fn a_live_book_keeps_long_ids_as_hashes() {
+        let mut book = Book::default();
+        let long = |i: usize| format!("{i:08}{}", "x".repeat(MAX_ENTRY));
+        for i in 0..=MAX_SEEN {
+            let id = long(i);
+            assert!(book.first_sight(&id));
+            assert!(!book.first_sight(&id));
+            book.called(&id, "bash");
+            assert_eq!(book.tool_of(&id), Some("bash"));
+            book.nudge(&id, "[loopguard] note".into());
+        }
+        assert!(book.first_sight(&long(0)), "the oldest went first");
+        assert!(!book.first_sight(&long(MAX_SEEN)));
+        assert_eq!(book.tool_of(&long(1)), None);
+        let ids = book
+            .results_seen
+            .iter()
+            .chain(book.calls.iter().map(|(c, _)| c))
+            .chain(book.nudges.iter().map(|(a, _)| a));
+        assert!(ids.map(String::len).max().unwrap() <= crate::session::MAX_ID);
+        // A note about a call whose id is too long to keep is shown once instead.
+        assert!(book.nudges.is_empty());
+        assert_eq!(book.loose.len(), MAX_NUDGES);
     }
 
     #[test]
