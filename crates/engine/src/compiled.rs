@@ -31,6 +31,8 @@ pub struct ToolInfo {
     pub modifies: bool,
     /// Its category `waits`: its calls are waits (`flag::WAIT`).
     pub waits: bool,
+    /// Every call of it runs tests (`test_fix.test_tools`): `flag::TEST`.
+    pub tests: bool,
     /// `false`: the policy switched the tool (or its category) off; its events are ignored.
     pub watched: bool,
     /// Detectors that never fire on it (bit `Det as u8`).
@@ -325,7 +327,9 @@ impl CompiledRules {
                 .fold(0u16, |bits, d| bits | (1 << d as u16))
         });
         let watched = placement.enabled();
-        let known_tools = &self.detectors(category).unknown_tool.known_tools;
+        let det = self.detectors(category);
+        let known_tools = &det.unknown_tool.known_tools;
+        let tests = det.test_fix.test_tools.iter().any(|g| g.is_match(&lookup));
         ToolInfo {
             id,
             name: name.into(),
@@ -338,6 +342,7 @@ impl CompiledRules {
             waits: category
                 .and_then(|i| c.categories.get(i))
                 .is_some_and(|cat| cat.waits),
+            tests,
             watched,
             exempt,
         }

@@ -102,6 +102,8 @@ struct Role {
     path: bool,
     /// A string value under it may ask an editing tool only to look ([`looks_read_only`]).
     read_only: bool,
+    /// Which side of an edit it holds ([`edit_side`]).
+    edit: EditSide,
 }
 
 impl Role {
@@ -111,6 +113,7 @@ impl Role {
         Role {
             path: is_path_key(k),
             read_only: is_read_only_key(k),
+            edit: edit_side(k.as_bytes()),
             ..Role::default()
         }
     }
@@ -121,6 +124,7 @@ impl Role {
         Role {
             path: is_path_key_bytes(k),
             read_only: is_read_only_key_bytes(k),
+            edit: edit_side(k),
             ..Role::default()
         }
     }
@@ -175,9 +179,75 @@ pub struct CallKeys {
     /// The arguments ask an editing tool only to look (`"command": "view"`): such a call
     /// changes nothing.
     pub read_only: bool,
+    /// The arguments replace a text with the same text (`old_str` equal to `new_str`): such an
+    /// edit changes nothing.
+    pub noop_edit: bool,
     /// A shell command that only shows the state of the work: every command of its line is
     /// one of `shell.state_queries` (`git status && git diff`).
     pub query: bool,
+}
+
+/// The side of a replacement an argument key names: the text replaced, or its replacement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum EditSide {
+    #[default]
+    None,
+    Old,
+    New,
+}
+
+/// The side of a replacement a top-level argument key names, as the common editing tools spell
+/// it (`old_str` / `new_str`, `old_string` / `new_string`, `oldText` / `newText`, `search` /
+/// `replace`, …).
+fn edit_side(k: &[u8]) -> EditSide {
+    match k {
+        b"old_str" | b"old_string" | b"old" | b"old_text" | b"oldText" | b"old_content"
+        | b"search" | b"original" => EditSide::Old,
+        b"new_str" | b"new_string" | b"new" | b"new_text" | b"newText" | b"new_content"
+        | b"replace" | b"replacement" | b"updated" => EditSide::New,
+        _ => EditSide::None,
+    }
+}
+
+/// Whether the replaced and the replacing texts of an edit (at most one string of each side
+/// seen) are the same text, byte for byte: whitespace matters to a file.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EditSides<T> {
+    old: Option<T>,
+    new: Option<T>,
+    /// More than one string of a side: the pair is not known.
+    spoilt: bool,
+}
+
+impl<T> Default for EditSides<T> {
+    fn default() -> Self {
+        EditSides {
+            old: None,
+            new: None,
+            spoilt: false,
+        }
+    }
+}
+
+impl<T: Copy> EditSides<T> {
+    /// Notes a string value under a key of `side`.
+    pub(crate) fn see(&mut self, side: EditSide, v: T) {
+        let slot = match side {
+            EditSide::None => return,
+            EditSide::Old => &mut self.old,
+            EditSide::New => &mut self.new,
+        };
+        self.spoilt |= slot.is_some();
+        *slot = Some(v);
+    }
+
+    /// Whether both sides were seen once each and `same` says they are equal.
+    pub(crate) fn same(&self, same: impl Fn(T, T) -> bool) -> bool {
+        match (self.old, self.new) {
+            (Some(a), Some(b)) if !self.spoilt => same(a, b),
+            _ => false,
+        }
+    }
 }
 
 /// A top-level argument asks an editing tool only to look (`command: view`, `action: read`,
@@ -376,6 +446,7 @@ impl FingerprintRules {
         let mut only_path = tool.read_tool;
         let mut path: Option<&str> = None;
         let mut read_only = false;
+        let mut edit = EditSides::<&str>::default();
         for (k, x) in map {
             let kh = key_hash(k);
             let role = tool.role(kh, k);
@@ -384,6 +455,9 @@ impl FingerprintRules {
                 && looks_read_only(s)
             {
                 read_only = true;
+            }
+            if let Value::String(s) = x {
+                edit.see(role.edit, s.as_str());
             }
             let is_command = match role.command {
                 Some(pos) if command.is_none_or(|c| pos < c.pos) => {
@@ -439,6 +513,7 @@ impl FingerprintRules {
             exact,
             fuzzy: exact,
             read_only,
+            noop_edit: edit.same(|a, b| a == b),
             ..CallKeys::default()
         };
         if let Some(c) = command

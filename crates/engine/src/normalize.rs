@@ -217,9 +217,10 @@ impl ResultRules {
                         })
                 }
             };
-        // A failure is known by its signature, its first and last lines: the same error for
-        // different attempts (other content, other arguments echoed in between) is the same
-        // outcome.
+        // A failure is known by its signature, its first and last lines and the first line
+        // between them that names an error ([`names_error`]): the same error for different
+        // attempts (other content, other arguments echoed in between) is the same outcome,
+        // while a harness's fixed header and footer around another error are not.
         let digest = if error {
             let mut lines = masked
                 .lines()
@@ -227,11 +228,20 @@ impl ResultRules {
                 .filter(|l| !l.is_empty() && !is_label_line(l));
             let first = lines.next().unwrap_or("");
             let last = lines.next_back().unwrap_or("");
+            let named = if names_error(first) || names_error(last) {
+                None
+            } else {
+                lines.take(SIGNATURE_SCAN_LINES).find(|l| names_error(l))
+            };
             let mut h = StreamHasher::new();
             h.byte(1);
             signature_line(&mut h, first.as_bytes());
             h.byte(b'\n');
             signature_line(&mut h, last.as_bytes());
+            if let Some(named) = named {
+                h.byte(b'\n');
+                signature_line(&mut h, named.as_bytes());
+            }
             h.finish()
         } else {
             digest_folding_ends(without_id_ends(masked))
@@ -250,6 +260,32 @@ impl ResultRules {
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
+}
+
+/// Lines of a failure searched for the line that names its error.
+const SIGNATURE_SCAN_LINES: usize = 200;
+
+/// Whether a line names an error: it holds an error type (`IndentationError:`,
+/// `java.lang.NullPointerException`: a word of letters ending in `Error` or `Exception`) or
+/// starts as a compiler's error does (`error[E0308]:`, `error:`).
+fn names_error(line: &str) -> bool {
+    let b = line.as_bytes();
+    if b.len() > 1000 {
+        return false;
+    }
+    if b.starts_with(b"error[") || b.starts_with(b"error:") {
+        return true;
+    }
+    let typed = |suffix: &[u8]| {
+        memchr::memmem::find_iter(b, suffix).any(|at| {
+            at > 0
+                && b[at - 1].is_ascii_alphabetic()
+                && !b
+                    .get(at + suffix.len())
+                    .is_some_and(u8::is_ascii_alphanumeric)
+        })
+    };
+    typed(b"Error") || typed(b"Exception")
 }
 
 /// Bytes read from the end of a result for `results.error_tail_patterns`.

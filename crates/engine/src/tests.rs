@@ -606,6 +606,117 @@ fn five_failing_test_runs_are_a_test_fix_loop() {
     assert!(h.bash("cargo test", "1 failed", true).1.is_allow());
 }
 
+/// A harness's own test tool (`run_tests`, no shell command) reporting `6/8 tests passed` and
+/// the same `FAIL:` lines was neither a test run nor a failure: every edit between its runs
+/// restarted the count, and the loop went unflagged.
+#[test]
+fn a_test_tool_failing_the_same_way_between_edits_is_a_test_fix_loop() {
+    let mut h = H::default();
+    let out = "6/8 tests passed\nFAIL: week_one: got 2026-01-08, expected 2025-12-29\nFAIL: last_week: got 2027-01-08, expected 2027-01-03";
+    let mut last = Verdict::allow();
+    for i in 0..5 {
+        h.run(
+            "replace_in_file",
+            json!({"path": "parse.py", "old": format!("a{i}"), "new": format!("a{}", i + 1)}),
+            "replaced 1 occurrence in parse.py",
+            false,
+        );
+        last = h.run("run_tests", json!({}), out, false).1;
+        if i < 4 {
+            assert!(last.is_allow(), "{i}: {last:?}");
+        }
+    }
+    assert_eq!(det(&last), Some("test_fix"));
+    // The same tool passing is no failure.
+    assert!(
+        h.run("run_tests", json!({}), "8/8 tests passed", false)
+            .1
+            .is_allow()
+    );
+}
+
+/// An edit that puts back the very text it replaces (`old_str` equal to `new_str`) counted as
+/// progress, and the identical failing runs around it were never counted together.
+#[test]
+fn an_edit_replacing_a_text_with_itself_is_no_progress() {
+    let run = |noop: bool| {
+        let mut h = H::default();
+        let mut flagged = None;
+        for (i, line) in ["import a", "def f(x):", "    return x", "import b"]
+            .iter()
+            .enumerate()
+        {
+            let new = if noop {
+                (*line).to_owned()
+            } else {
+                format!("{line}  # {i}")
+            };
+            h.run(
+                "str_replace_based_edit_tool",
+                json!({"command": "str_replace", "path": "/r/m.py", "old_str": line, "new_str": new}),
+                "The file /r/m.py has been edited.",
+                false,
+            );
+            let (c, r) = h.bash(
+                "pytest -q",
+                "E   AssertionError: assert 1999 == 2000\n1 failed",
+                true,
+            );
+            if flagged.is_none() && (!c.is_allow() || !r.is_allow()) {
+                flagged = Some(i);
+            }
+        }
+        flagged
+    };
+    assert_eq!(run(false), None, "real edits between the runs are progress");
+    assert!(
+        run(true).is_some(),
+        "edits that change nothing are no progress"
+    );
+}
+
+/// A write made again with no other write since (the same `git diff > fix.patch`, the same
+/// file written with the same text) left the world as the first one did, yet counted as
+/// progress each time.
+#[test]
+fn a_write_made_again_with_no_other_write_since_is_no_progress() {
+    let mut h = H::default();
+    let write = json!({"path": "notes.md", "content": "the same text"});
+    let check = "check failed: notes.md lacks a title";
+    h.bash("make check", check, true);
+    let mut flagged = false;
+    // A different look after each write: no cycle, only `make check` repeats.
+    for look in ["cat notes.md", "ls", "wc -l notes.md"] {
+        let (w, _) = h.run("write_file", write.clone(), "wrote notes.md", false);
+        assert!(
+            w.is_allow(),
+            "the write itself is not repeated often enough: {w:?}"
+        );
+        let (c, r) = h.bash(look, "notes.md", false);
+        assert!(c.is_allow() && r.is_allow(), "{look}: {c:?} {r:?}");
+        let (c, r) = h.bash("make check", check, true);
+        flagged |= !c.is_allow() || !r.is_allow();
+    }
+    assert!(flagged, "the same write again is no progress");
+    // A different write between two identical ones is: the second restores what it changed.
+    let mut h = H::default();
+    for i in 0..4 {
+        let content = if i % 2 == 0 {
+            "one text"
+        } else {
+            "another text"
+        };
+        h.run(
+            "write_file",
+            json!({"path": "notes.md", "content": content}),
+            "wrote notes.md",
+            false,
+        );
+        let (c, r) = h.bash("make check", &format!("check failed: {i} problems"), true);
+        assert!(c.is_allow() && r.is_allow(), "{i}: {c:?} {r:?}");
+    }
+}
+
 /// Failing test runs whose failure changes between edits (fewer tests failing) are progress.
 #[test]
 fn test_runs_failing_differently_after_edits_are_progress() {

@@ -560,6 +560,9 @@ detector_section! {
         /// regexes matched against shell commands to recognize test runs
         test_commands: Vec<Regex> = REGEXES,
             r#"['\b(cargo (test|nextest)|pytest|py\.test|go test|npm (run )?test|yarn test|pnpm test|bun test|deno test|dotnet test|swift test|mix test|manage\.py test|jest|vitest|mvn test|gradle test|make test|rspec|phpunit|tox|ctest|runtests)\b', '\b(python[0-9.]*|node|ruby|bun|deno)\s+(-m\s+unittest\b|\S*(test|repro)\w*\.(py|js|mjs|ts|rb)\b)']"#;
+        /// tools whose every call runs tests (a harness's `run_tests`), whatever their arguments
+        test_tools: Vec<NameGlob> = GLOBS,
+            r#"[run_tests, run_test, runtests, run_test_suite, test, tests, pytest, "run_*_tests", "*_run_tests", "mcp__*__run_tests", "mcp__*__run_test"]"#;
     }
 }
 
@@ -789,9 +792,9 @@ section! {
         /// regexes on the end of a result (its last 512 bytes, as it came) that mean the call
         /// failed, for results that carry no error flag or exit code: the summaries test runners
         /// and builds end with (`1 failed, 11 passed`, `test result: FAILED`, `--- FAIL:`,
-        /// `Tests: 2 failed`, `npm ERR!`, `BUILD FAILED`)
+        /// `FAIL: name`, `FAILED (failures=1)`, `Tests: 2 failed`, `npm ERR!`, `BUILD FAILED`)
         error_tail_patterns: Vec<Regex> = REGEXES,
-            r#"['(?m)^[=_ -]*[1-9]\d* (failed|errors?)\b', '(?m)^FAILED \S+::', '(?m)^test result: FAILED\b', '(?m)^error: (could not compile|test failed|aborting due to)', '(?m)^(FAIL|--- FAIL:)\s', '(?m)^\s*Tests?:?\s+[1-9]\d* failed\b', '(?m)^\s*[1-9]\d* failing\b', '(?m)^npm (ERR!|error) ', '(?m)^make(\[\d+\])?: \*\*\* ', '(?m)^(BUILD FAILED|FAILURE: Build failed|\[ERROR\] BUILD FAILURE)', '(?mi)^\W{0,3}(exit(ed)?( with)? (code|status)|exit_code|returncode)"?\s*[:=]?\s*[1-9]']"#;
+            r#"['(?m)^[=_ -]*[1-9]\d* (failed|errors?)\b', '(?m)^FAILED \S+::', '(?m)^test result: FAILED\b', '(?m)^error: (could not compile|test failed|aborting due to)', '(?m)^(FAIL:?|--- FAIL:)\s', '(?m)^FAILED \((failures|errors)=', '(?m)^\s*Tests?:?\s+[1-9]\d* failed\b', '(?m)^\s*[1-9]\d* failing\b', '(?m)^npm (ERR!|error) ', '(?m)^make(\[\d+\])?: \*\*\* ', '(?m)^(BUILD FAILED|FAILURE: Build failed|\[ERROR\] BUILD FAILURE)', '(?mi)^\W{0,3}(exit(ed)?( with)? (code|status)|exit_code|returncode)"?\s*[:=]?\s*[1-9]']"#;
         /// errors that are infrastructure trouble: retrying them is not a loop
         retryable_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)\b(rate.?limit|too many requests|429|50[0234]|service unavailable|bad gateway|gateway time-?out|overloaded|temporarily unavailable|try again later|ECONNRESET|ETIMEDOUT|connection (reset|refused))\b']"#;

@@ -16,8 +16,8 @@ use regex::Regex;
 use serde_json::Number;
 
 use super::{
-    CallKeys, FingerprintRules, HI, LO, PATH_KEYS, Role, ToolKeys, combine, looks_read_only,
-    number_bits,
+    CallKeys, EditSides, FingerprintRules, HI, LO, PATH_KEYS, Role, ToolKeys, combine,
+    looks_read_only, number_bits,
 };
 use crate::hash::{hash_bytes, mix, tag};
 
@@ -203,6 +203,7 @@ impl<'a> Scanner<'a> {
         let mut fuzzy_acc = 0u64;
         let mut any_primary = false;
         let mut read_only = false;
+        let mut edit = EditSides::<Src>::default();
         // The shell command: its key's position among the command keys, its value, and its
         // text hash when computed.
         let mut command: Option<(usize, Kind, Option<u64>)> = None;
@@ -222,6 +223,7 @@ impl<'a> Scanner<'a> {
                     if role.read_only && looks_read_only(v) {
                         read_only = true;
                     }
+                    edit.see(role.edit, src);
                     let text = f.scanned_text_hash(v, path_key, plain);
                     (Kind::Str(src), mix(tag::STRING, text), Some(text))
                 }
@@ -267,6 +269,7 @@ impl<'a> Scanner<'a> {
             exact,
             fuzzy: exact,
             read_only,
+            noop_edit: edit.same(|a, b| self.str_of(a).is_some_and(|a| Some(a) == self.str_of(b))),
             ..CallKeys::default()
         };
         if let Some((_, Kind::Str(src), text)) = command {

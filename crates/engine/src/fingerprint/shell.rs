@@ -325,9 +325,10 @@ impl FingerprintRules {
     /// first word of the command line or after `&&`, `||`, `;`, `|`, a newline or `(`, past
     /// `sudo` and `VAR=value` words) is in `shell.modify_commands`, or it writes to a file
     /// with `>` / `>>` (not `/dev/…`, not `>&`).
+    /// Saving what a state query prints (`git diff > patch.txt`) changes nothing of the work.
     pub(crate) fn modifies(&self, cmd: &str) -> bool {
         let list = &self.shell.modify_commands;
-        if writes_to_file(cmd.as_bytes()) || script_writes(cmd) {
+        if script_writes(cmd) || (writes_to_file(cmd.as_bytes()) && !self.saves_a_query(cmd)) {
             return true;
         }
         !list.is_empty() && Segments::new(cmd).any(|s| list.runs_segment(s) == Some(true))
@@ -361,6 +362,25 @@ impl FingerprintRules {
         wait && look
     }
 
+    /// Whether every command of a line is a state query (`shell.state_queries`, paths
+    /// allowed) or a change of directory, and one is a query: what such a line writes with `>`
+    /// is a copy of the state it shows.
+    fn saves_a_query(&self, cmd: &str) -> bool {
+        let list = &self.shell.state_queries;
+        if !list.may_run(cmd.as_bytes()) {
+            return false;
+        }
+        let mut any = false;
+        for segment in Segments::new(cmd) {
+            match list.runs_segment(segment) {
+                Some(true) => any = true,
+                Some(false) if !changes_directory(segment) => return false,
+                _ => {}
+            }
+        }
+        any
+    }
+
     pub(super) fn queries(&self, cmd: &str) -> bool {
         let list = &self.shell.state_queries;
         // A line none of whose commands can be a query (most lines: no `git` in them) is
@@ -378,6 +398,14 @@ impl FingerprintRules {
         }
         any
     }
+}
+
+/// Whether a command segment only changes the directory (`cd dir`, `pushd dir`).
+fn changes_directory(segment: &str) -> bool {
+    matches!(
+        segment.split_whitespace().next(),
+        Some("cd" | "pushd" | "popd")
+    )
 }
 
 /// The top of the work tree as a path: `.`, `./`.

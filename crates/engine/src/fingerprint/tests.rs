@@ -136,6 +136,82 @@ fn shell_commands_that_change_files_are_recognized() {
     assert!(!codex("cargo test").modify);
 }
 
+/// `git diff > patch.txt` counted as a write like any `>`: saving what a state query prints
+/// restarted every count, while it changes nothing of the work.
+#[test]
+fn saving_what_a_state_query_prints_is_no_modification() {
+    let modifies = |cmd: &str| keys("bash", &json!({ "command": cmd })).modify;
+    for cmd in [
+        "git diff > patch.txt",
+        "cd /testbed && git diff astropy/modeling/core.py > patch.txt",
+        "git status --short >> state.log",
+    ] {
+        assert!(!modifies(cmd), "{cmd}");
+    }
+    for cmd in [
+        "git diff > patch.txt && rm old.txt",
+        "cat a.txt > b.txt",
+        "echo done > status.txt",
+        "git diff | tee patch.txt",
+    ] {
+        assert!(modifies(cmd), "{cmd}");
+    }
+}
+
+/// An edit whose replacement is its replaced text, byte for byte, changes nothing; one that
+/// changes only whitespace (an indentation fix) does.
+#[test]
+fn edits_replacing_a_text_with_itself_are_known() {
+    let (c, f) = rules();
+    let noop = |tool: &str, v: &Value| {
+        let parsed = keys(tool, v).noop_edit;
+        let t = f.tool_keys(c, tool);
+        let raw = f
+            .keys(
+                &t,
+                &Arguments::Raw(&v.to_string()),
+                &c.detectors.test_fix.test_commands,
+            )
+            .noop_edit;
+        assert_eq!(parsed, raw, "{v}");
+        parsed
+    };
+    assert!(noop(
+        "str_replace_based_edit_tool",
+        &json!({"command": "str_replace", "path": "a.py", "old_str": "x = 1", "new_str": "x = 1"})
+    ));
+    assert!(noop(
+        "edit",
+        &json!({"file_path": "a.py", "old_string": "a\n\"b\"", "new_string": "a\n\"b\""})
+    ));
+    // An escape and the character it stands for are one text.
+    let t = f.tool_keys(c, "replace_in_file");
+    let tests = &c.detectors.test_fix.test_commands;
+    let escaped = r#"{"path": "a.py", "old": "é\"", "new": "\u00e9\u0022"}"#;
+    assert!(f.keys(&t, &Arguments::Raw(escaped), tests).noop_edit);
+    assert!(noop(
+        "replace_in_file",
+        &serde_json::from_str(escaped).unwrap()
+    ));
+    assert!(!noop(
+        "edit",
+        &json!({"file_path": "a.py", "old_string": "  x = 1", "new_string": "    x = 1"})
+    ));
+    assert!(!noop(
+        "edit",
+        &json!({"file_path": "a.py", "old_string": "x", "new_string": "y"})
+    ));
+    assert!(!noop(
+        "edit",
+        &json!({"file_path": "a.py", "old_string": "x"})
+    ));
+    // Two texts of one side: which pair is meant is not known.
+    assert!(!noop(
+        "edit",
+        &json!({"old_string": "x", "old_str": "y", "new_string": "x"})
+    ));
+}
+
 /// `git -C /repo commit` and `git --no-pager add` ran past the subcommand check, which read
 /// only the word after `git`.
 #[test]
@@ -364,6 +440,8 @@ fn respace(v: &Value) -> Value {
 
 /// Keys with every role: primary, path, command, volatile, read-only, and none.
 const ARB_KEYS: &[&str] = &[
+    "old_str",
+    "new_str",
     "path",
     "file",
     "file_path",

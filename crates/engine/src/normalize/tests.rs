@@ -147,6 +147,45 @@ fn a_failure_summary_at_the_end_is_a_failure() {
     }
 }
 
+/// SWE-agent wraps every rejected edit in the same header and footer: three edits rejected for
+/// different errors shared their first and last lines, and so their signature.
+#[test]
+fn a_failure_signature_holds_the_line_naming_its_error() {
+    let out = flagless_outcome;
+    let rejected = |err: &str| {
+        out(&format!(
+            "Your proposed edit has introduced new syntax error(s). Please read this error message carefully.\n\nERRORS:\n- {err}\n\nThis is how your edit would have looked if applied\n[File: /r/p.py (120 lines total)]\n34:        return 0\nDO NOT re-run the same failed edit command. Running it again will lead to the same error."
+        ))
+    };
+    let indent = rejected("E999 IndentationError: unexpected indent");
+    let syntax = rejected("E999 SyntaxError: invalid syntax");
+    assert!(indent.error && syntax.error);
+    assert_ne!(indent.digest, syntax.digest);
+    assert_eq!(
+        indent.digest,
+        rejected("E999 IndentationError: unexpected indent").digest
+    );
+    // A failure whose first or last line names its error is known by those lines alone.
+    let trace = |middle: &str| {
+        out(&format!(
+            "Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n    {middle}\nValueError: bad value"
+        ))
+        .digest
+    };
+    assert_eq!(trace("raise KeyError(k)"), trace("parse(x)"));
+    for (line, names) in [
+        ("E999 IndentationError: unexpected indent", true),
+        ("java.lang.NullPointerException", true),
+        ("error[E0308]: mismatched types", true),
+        ("error: could not compile `x`", true),
+        ("3 errors found", false),
+        ("Error: something", false),
+        ("ErrorHandler registered", false),
+    ] {
+        assert_eq!(super::names_error(line), names, "{line}");
+    }
+}
+
 /// mini-swe-agent wraps every observation in `<returncode>` and `<output>` tags: two different
 /// failures shared their first and last lines, and so their signature.
 #[test]

@@ -49,14 +49,11 @@ impl Session {
         let wait = keys.wait || tool.waits;
         let flags = bit(wait, flag::WAIT)
             | bit(keys.poll || (after_wait && !wait), flag::POLL)
-            | bit(keys.test, flag::TEST)
+            | bit(keys.test || tool.tests, flag::TEST)
             | bit(keys.file_op, flag::FILE_OP)
             | bit(keys.query, flag::QUERY)
             | bit(tool.keys.shell, flag::SHELL)
-            | bit(
-                keys.modify || (tool.modifies && !keys.read_only),
-                flag::MODIFY,
-            )
+            | bit(self.modifies(&keys, &tool, exact, now), flag::MODIFY)
             | bit(batched, flag::BATCH);
         // A command line that does nothing: such lines count together only while nothing else
         // is done, so their fuzzy key is the last call that did something; the record is known
@@ -156,6 +153,27 @@ impl Session {
             r.flags |= flag::RESULT | flag::ERROR | flag::BLOCKED;
         }
         verdict
+    }
+
+    /// Whether a call (not yet recorded) changes the world, so that its success is progress for
+    /// the calls around it: a shell command that modifies, or a call of a modifying tool that
+    /// does not only look (`"command": "view"`) and does not replace a text with itself. A write
+    /// made again with no other write since (the previous write, the same call, did not fail)
+    /// leaves the world as the first one left it: no change.
+    fn modifies(
+        &self,
+        keys: &CallKeys,
+        tool: &crate::compiled::ToolInfo,
+        exact: u32,
+        now: u32,
+    ) -> bool {
+        let writes = keys.modify || (tool.modifies && !keys.read_only && !keys.noop_edit);
+        writes
+            && !self
+                .full_window(now)
+                .iter()
+                .find(|r| r.has(flag::MODIFY))
+                .is_some_and(|r| r.exact == exact && !(r.has(flag::RESULT) && r.has(flag::ERROR)))
     }
 
     /// Records the call's fuzzy fingerprint in the session's group, if it is a worker of one, and
