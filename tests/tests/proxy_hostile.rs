@@ -786,3 +786,42 @@ async fn an_upstream_redirect_is_not_followed_with_the_clients_credentials() {
         "the proxy followed the redirect"
     );
 }
+
+/// Under `chance_then_break` a streamed turn is held whole until judged, before anything of it
+/// is sent: an upstream streaming more than the proxy holds back (the 64 MiB of a whole body)
+/// gets the client a 502 `upstream_malformed`, as a whole body that large does, instead of a
+/// proxy holding the stream whatever its size.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_stream_larger_than_a_whole_body_is_a_502() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), 3);
+    let p = Proxy::spawn(
+        &up.base(),
+        &["--rules", policy.to_str().unwrap()],
+        &[("LOOPGUARD_MODE", "chance_then_break")],
+    )
+    .unwrap();
+    let r = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+        .post(p.url("/v1/chat/completions"))
+        .json(&json!({"model": "flood", "stream": true,
+            "messages": [{"role": "user", "content": "write it all"}]}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body = r.bytes().await.unwrap();
+    let head = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    assert_eq!(status, 502, "{} bytes: {head}", body.len());
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "upstream_malformed", "{error}");
+    assert_eq!(error["error"]["type"], "upstream_error", "{error}");
+    p.wait_metric(
+        "loopguard_proxy_upstream_errors_total{kind=\"malformed\"}",
+        1,
+    )
+    .await;
+}

@@ -28,6 +28,12 @@ use crate::wire::{Rewriter, Rewritten, Wire};
 /// Largest non-streaming upstream body read.
 const MAX_UPSTREAM_BODY: usize = 64 << 20;
 
+/// Most of a streamed turn held back before anything of it is sent to the client (a turn held
+/// whole for a second chance, or its first events while a stop may still come): the limit of a
+/// non-streaming body, which a held turn stands in for. Each held event counts its bytes and
+/// the size of its string, so many empty events are bounded too.
+const MAX_HELD: usize = MAX_UPSTREAM_BODY;
+
 type Shared = Arc<State>;
 
 /// Every route the proxy serves.
@@ -640,7 +646,8 @@ impl Retry {
 /// shorter): a stop decided before that is a plain error response, the same status and body as
 /// without streaming; once bytes have gone out it is the stream's last event. A session whose
 /// ladder gives repeated calls a second chance has each turn held whole until judged, so that
-/// a retry happens before anything of the turn is sent.
+/// a retry happens before anything of the turn is sent. What is held is bounded by
+/// [`MAX_HELD`]: past it the turn is a 502 `upstream_malformed`, as a whole body that large is.
 async fn stream(
     state: &Shared,
     wire: Wire,
@@ -702,6 +709,38 @@ enum Ended {
     Done { gone: bool },
     /// The turn was held whole and its lone call is to get a second chance.
     Retry,
+    /// What was held back grew past [`MAX_HELD`]: the turn was answered with an error.
+    TooLarge,
+}
+
+/// The events of a turn held back before anything of it is sent, and what they cost.
+#[derive(Debug, Default)]
+struct Held {
+    events: Vec<String>,
+    bytes: usize,
+}
+
+impl Held {
+    /// Holds `events`; false (and nothing more held) once the total would pass `cap`.
+    fn hold(&mut self, events: Vec<String>, cap: usize) -> bool {
+        for e in events {
+            self.bytes = self
+                .bytes
+                .saturating_add(e.len())
+                .saturating_add(std::mem::size_of::<String>());
+            if self.bytes > cap {
+                return false;
+            }
+            self.events.push(e);
+        }
+        true
+    }
+
+    /// The events held, taken out.
+    fn take(&mut self) -> Vec<String> {
+        self.bytes = 0;
+        std::mem::take(&mut self.events)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -717,7 +756,7 @@ async fn pump(
 ) {
     let mut rw = rw;
     let mut resp = resp;
-    let mut held: Vec<String> = Vec::new();
+    let mut held = Held::default();
     let mut open = false;
     let hold_whole = rw.judge().turn.second_chances;
     let mut retried = false;
@@ -740,6 +779,14 @@ async fn pump(
                 return;
             }
             Ended::Retry => {}
+            Ended::TooLarge => {
+                if retried {
+                    rw.judge().chance_outcome("failed");
+                }
+                judging(&state, || state.settle_turn(&rw.judge().turn));
+                finish(&state, &mut rw, false, &session, started);
+                return;
+            }
         }
         // A second chance: the held turn is dropped and the upstream asked once more; its
         // stream is pumped in its place as if it were the first.
@@ -769,7 +816,7 @@ async fn pump(
                 rw = wire.stream(judge);
                 rw.continues(continues.as_deref());
                 resp = r;
-                held.clear();
+                held.take();
                 retried = true;
             }
             _ => {
@@ -781,7 +828,7 @@ async fn pump(
                     state.metrics.upstream_error("status");
                 }
                 let mut gone = false;
-                for e in std::mem::take(&mut held) {
+                for e in held.take() {
                     if tx.send(Piece::Data(Bytes::from(e))).await.is_err() {
                         gone = true;
                         break;
@@ -800,7 +847,7 @@ async fn pump_one(
     resp: &mut reqwest::Response,
     rw: &mut Box<dyn Rewriter<TurnJudge>>,
     tx: &mpsc::Sender<Piece>,
-    held: &mut Vec<String>,
+    held: &mut Held,
     open: &mut bool,
     hold_whole: bool,
 ) -> Ended {
@@ -815,7 +862,7 @@ async fn pump_one(
                 // Held long enough: the stream opens (a comment if there is nothing yet, so
                 // that the client gets its headers); a later stop is its last event.
                 *open = true;
-                let mut ready = std::mem::take(held);
+                let mut ready = held.take();
                 if ready.is_empty() {
                     ready.push(": loopguard\n\n".to_owned());
                 }
@@ -860,7 +907,18 @@ async fn pump_one(
             }
             return Ended::Done { gone: false };
         } else {
-            held.extend(events);
+            if !held.hold(events, MAX_HELD) {
+                // Nothing was sent yet: the turn is answered as a whole body this large is.
+                held.take();
+                let e = malformed(
+                    state,
+                    format!("a streamed turn held back is larger than {MAX_HELD} bytes"),
+                );
+                if tx.send(Piece::Stop(e)).await.is_err() {
+                    return Ended::Done { gone: true };
+                }
+                return Ended::TooLarge;
+            }
             if hold_whole {
                 if !(last || closed) {
                     continue;
@@ -872,7 +930,7 @@ async fn pump_one(
                 continue;
             }
             *open = true;
-            std::mem::take(held)
+            held.take()
         };
         for e in ready {
             if tx.send(Piece::Data(Bytes::from(e))).await.is_err() {
@@ -1006,3 +1064,26 @@ async fn passthrough(
 
 /// How long `serve` waits for open connections after a shutdown signal.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_turn_is_bounded_by_its_bytes_and_its_events() {
+        let per = std::mem::size_of::<String>();
+        let cap = 3 * (2 + per);
+        let mut held = Held::default();
+        assert!(held.hold(vec!["ab".to_owned(); 3], cap));
+        assert!(!held.hold(vec![String::new()], cap), "one more is too many");
+        assert_eq!(held.take().len(), 3);
+        assert!(
+            held.hold(vec!["ab".to_owned(); 3], cap),
+            "taken: counted anew"
+        );
+        // Empty events cost their strings: a stream of them is bounded too.
+        let mut held = Held::default();
+        assert!(!held.hold(vec![String::new(); 1000], 100 * per));
+        assert_eq!(held.events.len(), 100);
+    }
+}

@@ -239,7 +239,8 @@ pub fn json_body(status: StatusCode, v: &Value) -> Response {
 /// - `converse`: after a tool result, reports the failure in text; otherwise the same `bash`
 ///   call (a conversational agent that a person answers every turn);
 /// - `slow`: answers after 5 s; `slowstream`: one text chunk, then silence;
-/// - `garbage`: a 200 that is not JSON; `limited`: a 429 with an OpenAI error.
+/// - `garbage`: a 200 that is not JSON; `limited`: a 429 with an OpenAI error;
+/// - `flood`: a stream of [`FLOOD`] bytes of text, made as it is sent.
 pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
     let v: Value = serde_json::from_slice(&body).unwrap();
     f.requests.lock().unwrap().push(v.clone());
@@ -306,6 +307,7 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
         "garbage" => {
             return (StatusCode::OK, "{\"choices\": [tru").into_response();
         }
+        "flood" => return flood(&model, FLOOD),
         "limited" => {
             return json_body(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -323,6 +325,33 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
     } else {
         json_body(StatusCode::OK, &completion(&model, json!(text), calls))
     }
+}
+
+/// How much text the `flood` script streams: more than the proxy holds back of a turn (64 MiB).
+pub const FLOOD: usize = 80 << 20;
+
+/// A chat stream of about `total` bytes of text in 64 KiB deltas, then a finish, each event
+/// made as it is sent (the stream stops when the reader goes away).
+pub fn flood(model: &str, total: usize) -> Response {
+    let chunk = |delta: Value, finish: Value| {
+        Bytes::from(format!(
+            "data: {}\n\n",
+            json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        ))
+    };
+    let text = chunk(json!({"content": "x".repeat(64 << 10)}), Value::Null);
+    let n = total.div_ceil(text.len());
+    let end = [
+        chunk(json!({}), json!("stop")),
+        Bytes::from_static(b"data: [DONE]\n\n"),
+    ];
+    let events = std::iter::repeat_n(text, n).chain(end);
+    let body = Body::from_stream(futures_util::stream::iter(events.map(Ok::<_, Infallible>)));
+    let mut r = Response::new(body);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+    r
 }
 
 /// One scripted model turn of the Anthropic and Responses fakes: its text, and its calls as
