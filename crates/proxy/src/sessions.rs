@@ -72,9 +72,10 @@ const MAX_ENTRY: usize = 64 << 10;
 /// Longest id a live book keeps as written.
 const MAX_ID: usize = crate::session::MAX_ID;
 
-/// An id as a book keeps it: as written up to [`MAX_ID`] bytes, else `#` and its hash, so that
-/// a client's long ids, remembered hundreds of times per session, cost little.
-fn kept(id: &str) -> Cow<'_, str> {
+/// An id as the proxy keeps it: as written up to [`MAX_ID`] bytes, else `#` and its hash, so
+/// that long ids — a client's, remembered hundreds of times per session, or an upstream's
+/// response and call ids — cost little.
+pub(crate) fn kept(id: &str) -> Cow<'_, str> {
     if id.len() <= MAX_ID {
         Cow::Borrowed(id)
     } else {
@@ -154,20 +155,26 @@ impl Book {
             .map(|(_, t)| t.as_str())
     }
 
-    /// Remembers a call the upstream stored in `response` that the client never saw.
+    /// Remembers a call the upstream stored in `response` that the client never saw (the
+    /// response's id as [`kept`]). A call whose id is longer than [`MAX_ID`] is not remembered:
+    /// its answer must name it as written, and the upstream chose an id too long to keep.
     pub fn withhold(&mut self, response: &str, call: &str, note: String) {
+        if call.len() > MAX_ID {
+            return;
+        }
         if self.withheld.len() >= MAX_WITHHELD {
             self.withheld.pop_front();
         }
         self.withheld
-            .push_back((response.to_owned(), call.to_owned(), note));
+            .push_back((kept(response).into_owned(), call.to_owned(), note));
     }
 
     /// The withheld calls of `response`, taken out.
     pub fn take_withheld(&mut self, response: &str) -> Vec<(String, String)> {
+        let response = kept(response);
         let mut out = Vec::new();
         self.withheld.retain(|(r, c, n)| {
-            if r == response {
+            if *r == response {
                 out.push((c.clone(), n.clone()));
                 false
             } else {
@@ -542,6 +549,31 @@ mod tests {
         // A note about a call whose id is too long to keep is shown once instead.
         assert!(book.nudges.is_empty());
         assert_eq!(book.loose.len(), MAX_NUDGES);
+    }
+
+    #[test]
+    fn a_live_book_keeps_upstream_response_and_call_ids_bounded() {
+        let mut book = Book::default();
+        let response = |i: usize| format!("resp_{i:08}{}", "r".repeat(1 << 20));
+        for i in 0..=MAX_WITHHELD {
+            book.withhold(&response(i), &format!("call_{i}"), "refused".into());
+            book.withhold(&response(i), &"c".repeat(1 << 20), "refused".into());
+        }
+        assert_eq!(book.withheld.len(), MAX_WITHHELD);
+        assert!(
+            book.withheld
+                .iter()
+                .all(|(r, c, _)| r.len() <= MAX_ID && c.len() <= MAX_ID)
+        );
+        // A response with a long id is still found by it; only its call of a short id is kept.
+        assert_eq!(
+            book.take_withheld(&response(MAX_WITHHELD)),
+            [(format!("call_{MAX_WITHHELD}"), "refused".into())]
+        );
+        assert!(
+            book.take_withheld(&response(0)).is_empty(),
+            "the oldest went first"
+        );
     }
 
     #[test]

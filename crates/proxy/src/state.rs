@@ -354,10 +354,17 @@ impl State {
         self.settle(&turn.session, &turn.engine, &mut book);
     }
 
-    /// The session a Responses request continuing the stored response `id` belongs to.
-    fn alias(&self, id: &str) -> Option<String> {
+    /// The key under which the session of the stored response `id` (an id the upstream chose,
+    /// or a client names) is remembered for `caller`: the id as [`sessions::kept`], so that an
+    /// upstream's long ids cost little however many are remembered.
+    fn alias_key(caller: &str, id: &str) -> String {
+        format!("{caller}/{}", sessions::kept(id))
+    }
+
+    /// The session of the stored response remembered under `key` ([`State::alias_key`]).
+    fn alias(&self, key: &str) -> Option<String> {
         match &self.shared {
-            Some(shared) => shared.alias(id).unwrap_or_else(|error| {
+            Some(shared) => shared.alias(key).unwrap_or_else(|error| {
                 self.metrics.session_store("error");
                 tracing::warn!(%error, "the session store cannot be read");
                 None
@@ -366,15 +373,16 @@ impl State {
                 .aliases
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .get(id)
+                .get(key)
                 .cloned(),
         }
     }
 
-    fn set_alias(&self, id: &str, session: &str) {
+    /// Remembers `session` under `key` ([`State::alias_key`]).
+    fn set_alias(&self, key: &str, session: &str) {
         match &self.shared {
             Some(shared) => {
-                if let Err(error) = shared.set_alias(id, session) {
+                if let Err(error) = shared.set_alias(key, session) {
                     self.metrics.session_store("error");
                     tracing::warn!(%error, "the session store cannot be written");
                 }
@@ -384,7 +392,7 @@ impl State {
                 if aliases.len() >= MAX_ALIASES {
                     aliases.pop_lru();
                 }
-                aliases.put(id.to_owned(), session.to_owned());
+                aliases.put(key.to_owned(), session.to_owned());
             }
         }
     }
@@ -533,7 +541,7 @@ impl State {
     fn identify(&self, wire: Wire, headers: &HeaderMap, body: &mut Body<'_>) -> String {
         let caller = session::caller(headers, self.seed.load(Ordering::Relaxed));
         let id = session::identify(headers, wire, body, |prev| {
-            self.alias(&format!("{caller}/{prev}"))
+            self.alias(&State::alias_key(&caller, prev))
         });
         format!("{caller}/{id}")
     }
@@ -1032,7 +1040,7 @@ impl Judge for TurnJudge {
                 && turn.wire == Wire::Responses
             {
                 if let Some((caller, within)) = turn.session.split_once('/') {
-                    state.set_alias(&format!("{caller}/{id}"), within);
+                    state.set_alias(&State::alias_key(caller, id), within);
                 }
                 if turn.stored && judged.0.terminate.is_none() {
                     // Calls the upstream stored and the client never sees are answered with
@@ -1653,6 +1661,38 @@ mod tests {
 
     #[test]
     fn a_stored_response_s_withheld_call_is_answered_in_the_request_continuing_it() {
+        withheld_calls_are_answered(|n| format!("resp_{n}"));
+    }
+
+    /// Regression: the response ids an upstream chose were remembered as written (up to
+    /// 100,000 of them, and 64 withheld calls per session), so an upstream answering with ids
+    /// of megabytes made the proxy keep gigabytes.
+    #[test]
+    fn upstream_response_ids_are_kept_bounded_and_still_followed() {
+        let s = withheld_calls_are_answered(|n| format!("resp_{n}_{}", "r".repeat(1 << 20)));
+        let aliases = s.aliases.lock().unwrap();
+        assert_eq!(aliases.len(), 4);
+        let bound = "anon/".len() + crate::session::MAX_ID;
+        assert!(
+            aliases
+                .iter()
+                .all(|(k, v)| k.len() <= bound && v.len() <= bound)
+        );
+        drop(aliases);
+        for (_, book) in s.books.all() {
+            let book = lock(&book);
+            assert!(book.withheld.iter().all(|(r, c, n)| {
+                r.len() <= crate::session::MAX_ID
+                    && c.len() <= crate::session::MAX_ID
+                    && n.len() < 1024
+            }));
+        }
+    }
+
+    /// Plays a Responses conversation continuing stored responses (the `n`th named
+    /// `response(n)`) until a call is refused, and checks that the request continuing the
+    /// refusal answers the withheld call and lands in the conversation's session.
+    fn withheld_calls_are_answered(response: impl Fn(u64) -> String) -> Arc<State> {
         let s = state(NudgePlacement::Context);
         let headers = HeaderMap::new();
         let mut prev: Option<String> = None;
@@ -1686,7 +1726,8 @@ mod tests {
                         .contains("refused bash")
                 );
                 let mut probe =
-                    Body::from_value(&json!({"previous_response_id": "resp_1"}), "input").unwrap();
+                    Body::from_value(&json!({"previous_response_id": response(1)}), "input")
+                        .unwrap();
                 assert_eq!(
                     turn.session,
                     s.identify(Wire::Responses, &headers, &mut probe)
@@ -1694,7 +1735,7 @@ mod tests {
                 break;
             }
             let mut j = TurnJudge::new(Arc::clone(&s), *turn);
-            let id = format!("resp_{n}");
+            let id = response(n);
             j.response_id = Some(id.clone());
             let out = j.judge("", &[call(&format!("c{n}"))]);
             if out.stop {
@@ -1703,5 +1744,6 @@ mod tests {
             prev = Some(id);
         }
         assert_eq!(refused_at, Some(4));
+        s
     }
 }
