@@ -825,3 +825,166 @@ async fn a_held_stream_larger_than_a_whole_body_is_a_502() {
     )
     .await;
 }
+
+/// An upstream that quotes the key it was sent in its errors, as some do ("Incorrect API key
+/// provided: sk-…"), in the shape of the route's format. The request's model picks the answer:
+/// `deny` a 401 JSON error, `denyescaped` the same with the key's first character escaped
+/// (`\u0073k-…`), `denytext` a 401 in plain text, `denystream` a 200 stream whose error event
+/// quotes it, `failstream` (Responses) a stream whose `response.failed` carries the error.
+async fn echoing_upstream() -> std::net::SocketAddr {
+    async fn answer(
+        uri: axum::http::Uri,
+        headers: axum::http::HeaderMap,
+        body: String,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let key = ["authorization", "x-api-key", "api-key"]
+            .iter()
+            .find_map(|h| headers.get(*h))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let key = key.strip_prefix("Bearer ").unwrap_or(key).to_owned();
+        let request: Value = serde_json::from_str(&body).unwrap_or_default();
+        let message = format!("Incorrect API key provided: {key}. Find your key in the console.");
+        let error = json!({"message": message, "type": "invalid_request_error",
+            "param": null, "code": "invalid_api_key"});
+        let (anthropic, responses) = (
+            uri.path().ends_with("/messages"),
+            uri.path().ends_with("/responses"),
+        );
+        let envelope = if anthropic {
+            json!({"type": "error", "error": error})
+        } else {
+            json!({"error": error})
+        };
+        let unauthorized = axum::http::StatusCode::UNAUTHORIZED;
+        match request["model"].as_str().unwrap_or_default() {
+            "deny" => json_body(unauthorized, &envelope),
+            "denyescaped" => {
+                let first = key.chars().next().unwrap_or('x');
+                let escaped = format!("\\u{:04x}{}", first as u32, &key[first.len_utf8()..]);
+                let text = envelope.to_string().replace(&key, &escaped);
+                assert!(!text.contains(&key), "{text}");
+                let mut r = (unauthorized, text).into_response();
+                r.headers_mut()
+                    .insert("content-type", "application/json".parse().unwrap());
+                r
+            }
+            "denytext" => (unauthorized, format!("unauthorized: {key}")).into_response(),
+            "denystream" => {
+                let event = if anthropic {
+                    named_event(&envelope)
+                } else if responses {
+                    named_event(&json!({"type": "error", "code": "invalid_api_key",
+                        "message": message, "param": null, "sequence_number": 0}))
+                } else {
+                    format!("data: {envelope}\n\n")
+                };
+                sse_body(vec![event], Duration::ZERO)
+            }
+            "failstream" => {
+                let response = |status: &str, error: Value| {
+                    json!({"id": "resp_1", "object": "response", "status": status,
+                        "model": "failstream", "output": [], "error": error})
+                };
+                let events = vec![
+                    named_event(&json!({"type": "response.created", "sequence_number": 0,
+                        "response": response("in_progress", Value::Null)})),
+                    named_event(&json!({"type": "response.failed", "sequence_number": 1,
+                        "response": response("failed",
+                            json!({"code": "invalid_api_key", "message": message}))})),
+                ];
+                sse_body(events, Duration::ZERO)
+            }
+            other => panic!("no script for model {other}"),
+        }
+    }
+    let app = axum::Router::new().fallback(answer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Regression: the body of an upstream error, and an error event of its stream, were passed to
+/// the client as they came, so an upstream quoting the key it was sent showed the key to
+/// whoever could read the client's errors. Every credential header the proxy forwards is taken
+/// out (the body stays JSON), in every format, plain and streamed; a key shorter than 8 bytes
+/// is left alone so that it cannot wreck the body.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_errors_quoting_the_callers_key_never_show_it() {
+    let up = echoing_upstream().await;
+    let p = Proxy::start(&format!("http://{up}/v1"), &[]);
+    let key = "sk-proj-Zx81Qm0Ppd4rLkV2aT9s";
+    let formats = [
+        (
+            "/v1/chat/completions",
+            "authorization",
+            format!("Bearer {key}"),
+            "messages",
+        ),
+        ("/v1/messages", "x-api-key", key.to_owned(), "messages"),
+        ("/v1/responses", "api-key", key.to_owned(), "input"),
+    ];
+    for (path, header, value, list) in &formats {
+        let mut models = vec![
+            ("deny", false),
+            ("deny", true),
+            ("denyescaped", false),
+            ("denytext", false),
+            ("denytext", true),
+            ("denystream", true),
+        ];
+        if *path == "/v1/responses" {
+            models.push(("failstream", true));
+        }
+        for (model, stream) in models {
+            let mut body = json!({"model": model, "stream": stream, "max_tokens": 16});
+            body[*list] = json!([{"role": "user", "content": "hi"}]);
+            let r = client()
+                .post(p.url(path))
+                .header(*header, value)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap();
+            let what = format!("{path} {model} stream={stream}: {status} {text}");
+            assert!(!text.contains(key), "{what}");
+            assert!(text.contains("[redacted]"), "{what}");
+            if model.ends_with("stream") {
+                assert_eq!(status, 200, "{what}");
+                for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                    assert!(serde_json::from_str::<Value>(data).is_ok(), "{what}");
+                }
+            } else {
+                assert_eq!(status, 401, "{what}");
+                let error: Value = serde_json::from_str(&text).unwrap();
+                assert!(error["error"]["message"].as_str().is_some(), "{what}");
+            }
+        }
+    }
+    // Routes passed through unjudged too.
+    let r = client()
+        .post(p.url("/v1/messages/count_tokens"))
+        .header("x-api-key", key)
+        .json(&json!({"model": "deny", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains(key) && text.contains("[redacted]"), "{text}");
+    // A key of fewer than 8 bytes is left alone: the body comes back as the upstream wrote it.
+    let r = client()
+        .post(p.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-1")
+        .json(&json!({"model": "deny", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.contains("provided: sk-1."), "{text}");
+    assert!(!p.log().contains(key), "{}", p.log());
+}

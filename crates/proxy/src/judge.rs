@@ -119,6 +119,13 @@ pub trait Judge: Send {
     /// a stored response (Responses' `previous_response_id`), whole or streamed. Ignored by
     /// default.
     fn set_response_id(&mut self, _id: &str) {}
+
+    /// Takes the request's credentials out of an error the upstream sent in its stream (some
+    /// upstreams quote the key they were sent); returns whether anything was replaced. Nothing
+    /// is by default.
+    fn redact(&self, _error: &mut Value) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,7 @@ pub mod fuzzing;
 pub mod judge;
 mod listen;
 pub mod metrics;
+mod redact;
 mod scan;
 mod server;
 pub mod session;

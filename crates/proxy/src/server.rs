@@ -22,6 +22,7 @@ use tokio::time::{Instant as Deadline, timeout, timeout_at};
 
 use crate::error::{ApiError, json_response};
 use crate::judge::Intervention;
+use crate::redact::Secrets;
 use crate::state::{Prepared, State, Turn, TurnJudge};
 use crate::wire::{Rewriter, Rewritten, Wire};
 
@@ -300,12 +301,14 @@ async fn read_upstream(
 }
 
 /// An upstream error status: its body is passed back when it is JSON (normally the format's
-/// error envelope already), else wrapped in one.
+/// error envelope already), else wrapped in one; either way with the request's credentials
+/// (`secrets`) replaced, inside JSON strings only.
 async fn pass_error(
     state: &State,
     wire: Wire,
     resp: reqwest::Response,
     deadline: Deadline,
+    secrets: &Secrets,
 ) -> Response {
     state.metrics.upstream_error("status");
     let status = resp.status();
@@ -319,8 +322,14 @@ async fn pass_error(
         status = status.as_u16(),
         "the upstream answered with an error"
     );
-    let mut out = if serde_json::from_slice::<Value>(&body).is_ok_and(|v| v.get("error").is_some())
-    {
+    let mut parsed = serde_json::from_slice::<Value>(&body).ok();
+    let redacted = parsed.as_mut().is_some_and(|v| secrets.value(v));
+    let mut out = if let Some(v) = parsed.as_ref().filter(|v| v.get("error").is_some()) {
+        let body = if redacted {
+            v.to_string().into_bytes()
+        } else {
+            body
+        };
         let mut r = (status, body).into_response();
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -328,7 +337,10 @@ async fn pass_error(
         );
         r
     } else {
-        let text = String::from_utf8_lossy(&body);
+        let text = match parsed {
+            Some(v) if redacted => v.to_string(),
+            _ => secrets.text(&String::from_utf8_lossy(&body)).into_owned(),
+        };
         let snippet: String = text.chars().take(300).collect();
         ApiError::new(
             status,
@@ -453,11 +465,12 @@ async fn handle_inner(
             return e.response(wire);
         }
     };
+    let secrets = Secrets::of(headers, &state.upstream);
     if !resp.status().is_success() {
         judging(state, || state.settle_turn(&turn));
-        return pass_error(state, wire, resp, deadline).await;
+        return pass_error(state, wire, resp, deadline, &secrets).await;
     }
-    let judge = TurnJudge::new(Arc::clone(state), turn);
+    let judge = TurnJudge::new(Arc::clone(state), turn).with_secrets(secrets);
     // What a second chance asks the upstream again with: the request as it was sent.
     let retry = Retry {
         request: sent,
@@ -1041,7 +1054,8 @@ async fn passthrough(
         Ok(Ok(r)) => r,
     };
     if !resp.status().is_success() {
-        return pass_error(&state, Wire::Chat, resp, deadline).await;
+        let secrets = Secrets::of(&headers, &state.upstream);
+        return pass_error(&state, Wire::Chat, resp, deadline, &secrets).await;
     }
     let status = resp.status();
     let content_type = resp

@@ -18,6 +18,7 @@ use crate::commands;
 use crate::error::ApiError;
 use crate::judge::{CallIn, Intervention, Judge, Judged};
 use crate::metrics::Metrics;
+use crate::redact::Secrets;
 use crate::session;
 use crate::sessions::{self, Book, BookRef, Books, Loaded, Shared, Stored, lock};
 use crate::wire::{self, MARK, Seen, Wire};
@@ -954,6 +955,8 @@ pub struct TurnJudge {
     /// The warn verdict given the second chance (and when), recorded once the second answer
     /// says how it went.
     pending_chance: Option<(Verdict, CallIn, u64)>,
+    /// The request's credentials, taken out of errors the upstream streams back.
+    secrets: Secrets,
 }
 
 impl TurnJudge {
@@ -966,7 +969,14 @@ impl TurnJudge {
             retried: false,
             response_id: None,
             pending_chance: None,
+            secrets: Secrets::default(),
         }
+    }
+
+    /// The judge with the request's credentials, to take out of errors the upstream streams.
+    pub fn with_secrets(mut self, secrets: Secrets) -> TurnJudge {
+        self.secrets = secrets;
+        self
     }
 
     /// The call to withhold and the tool result to answer it with, when the upstream's answer
@@ -1022,6 +1032,10 @@ impl TurnJudge {
 impl Judge for TurnJudge {
     fn set_response_id(&mut self, id: &str) {
         self.response_id = Some(id.to_owned());
+    }
+
+    fn redact(&self, error: &mut Value) -> bool {
+        self.secrets.value(error)
     }
 
     fn judge(&mut self, text: &str, calls: &[CallIn]) -> Judged {

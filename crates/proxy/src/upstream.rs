@@ -120,7 +120,14 @@ impl Upstream {
         url
     }
 
-    /// `text` with every credential of the URL replaced.
+    /// The credential texts of the URL (user name, password, query values; as written and
+    /// decoded), longest first.
+    pub fn secrets(&self) -> &[String] {
+        &self.secrets
+    }
+
+    /// `text` with every credential of the URL replaced, however short (for texts that may
+    /// quote the URL itself, such as a connection error's).
     pub fn redact(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for s in &self.secrets {

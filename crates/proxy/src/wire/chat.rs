@@ -299,7 +299,15 @@ impl<J: Judge> Stream<J> {
         };
         if chunk.contains_key("error") {
             self.state.upstream_error = true;
-            out.push(ev.raw);
+            let mut error = Value::Object(chunk);
+            if self.judge.redact(&mut error) {
+                out.push(match &ev.event {
+                    Some(name) => sse::event(name, &error),
+                    None => sse::data(&error),
+                });
+            } else {
+                out.push(ev.raw);
+            }
             return;
         }
         let Some(Value::Array(choices)) = chunk.remove("choices") else {

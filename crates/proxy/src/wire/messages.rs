@@ -384,7 +384,12 @@ impl<J: Judge> Stream<J> {
             }
             "error" => {
                 self.state.upstream_error = true;
-                out.push(ev.raw);
+                let mut error = Value::Object(d);
+                if self.judge.redact(&mut error) {
+                    out.push(sse::event(ev.event.as_deref().unwrap_or("error"), &error));
+                } else {
+                    out.push(ev.raw);
+                }
             }
             _ => out.push(ev.raw),
         }

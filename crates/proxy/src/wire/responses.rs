@@ -383,13 +383,21 @@ impl<J: Judge> Stream<J> {
                 self.release(&judged, out);
                 if let Some(Value::Object(r)) = d.get_mut("response") {
                     self.rewrite_final(r, &judged);
+                    if let Some(error) = r.get_mut("error") {
+                        // A failed response carries the upstream's error.
+                        self.judge.redact(error);
+                    }
                 }
                 self.state.committed = true;
                 self.emit(d, out);
             }
             "error" => {
                 self.state.upstream_error = true;
-                self.emit(d, out);
+                let mut error = Value::Object(d);
+                self.judge.redact(&mut error);
+                if let Value::Object(d) = error {
+                    self.emit(d, out);
+                }
             }
             _ => match index.and_then(|i| self.items.get_mut(&i)) {
                 Some(Item::Call { arguments, .. }) => {
