@@ -204,7 +204,6 @@ async fn slow_headers_and_stalled_bodies_are_cut_off() {
     assert_eq!(r.status().as_u16(), 200);
 }
 
-/// Sends one chat request as `key`; returns the status and body.
 /// Who sends a request: an API key, and an `X-Session-Id` or (with `user`) a `user` field.
 #[derive(Clone, Copy)]
 struct Who<'a> {
@@ -221,15 +220,18 @@ fn who<'a>(key: &'a str, session: &'a str) -> Who<'a> {
     }
 }
 
+/// Sends one chat request as `key` in `session`; returns the status and body.
 async fn chat_as(p: &Proxy, key: &str, session: &str, messages: &[Value]) -> (u16, Value) {
     send(p, who(key, session), messages).await
 }
 
+/// Sends one chat request as `w` (no `Authorization` header when its key is empty).
 async fn send(p: &Proxy, w: Who<'_>, messages: &[Value]) -> (u16, Value) {
     let mut body = json!({"model": "loop", "messages": messages});
-    let mut request = client()
-        .post(p.url("/v1/chat/completions"))
-        .header("authorization", format!("Bearer {}", w.key));
+    let mut request = client().post(p.url("/v1/chat/completions"));
+    if !w.key.is_empty() {
+        request = request.header("authorization", format!("Bearer {}", w.key));
+    }
     match w.user {
         Some(user) => body["user"] = json!(user),
         None => request = request.header("x-session-id", w.session),
@@ -306,6 +308,29 @@ async fn callers_with_different_keys_never_share_a_session() {
     assert_eq!(alice, ["released", "released", "released", "refused"]);
     let mallory = loop_as(&p, "sk-mallory", "shared-id", "build it", 6).await;
     assert_eq!(mallory, ["released"; 6]);
+}
+
+/// Callers that send no key all share one caller, `anon`: among them a session id is the same
+/// session whoever sends it (SECURITY.md tells operators to deploy so that every request
+/// carries a key).
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_without_a_key_share_one_namespace() {
+    let up = Upstream::start().await;
+    let (p, _dir) = start(&up, 3, &["--allow-chat-commands"]);
+    let (status, body) = chat_as(
+        &p,
+        "",
+        "shared-id",
+        &[json!({"role": "user", "content": "!/set(tool-loop-detection=false)"})],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Another keyless caller under the same id is in the session the command changed: its
+    // loop is never refused. A caller with a key is not.
+    let keyless = loop_as(&p, "", "shared-id", "build it", 5).await;
+    assert_eq!(keyless, ["released"; 5]);
+    let keyed = loop_as(&p, "sk-alice", "shared-id", "build it", 4).await;
+    assert_eq!(keyed, ["released", "released", "released", "refused"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
