@@ -33,21 +33,38 @@ pub const HEADER: &str = "x-session-id";
 /// Longest id kept as written.
 pub const MAX_ID: usize = 200;
 
-/// The API key a request carries: `Authorization: Bearer …` (or any other scheme), `x-api-key`
-/// (Anthropic) or `api-key` (Azure OpenAI).
+/// The API key a request carries: `Authorization: Bearer …` (or any other scheme, or a key
+/// sent without one), else `x-api-key` (Anthropic), else `api-key` (Azure OpenAI); the first of
+/// them that holds a key. A header that holds none (empty, or a scheme alone) does not hide
+/// the ones after it.
 pub fn credential(headers: &HeaderMap) -> Option<&str> {
     let auth = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.split_once(' ').map_or(v, |(_, k)| k).trim());
+        .and_then(|v| {
+            let v = v.trim();
+            match v.split_once(' ') {
+                Some((_, k)) => Some(k.trim()),
+                // `Bearer` alone is what a client with an empty key sends once the header's
+                // trailing space is trimmed in transit: a scheme and no key.
+                None if SCHEMES.iter().any(|s| v.eq_ignore_ascii_case(s)) => None,
+                None => Some(v),
+            }
+        })
+        .filter(|k| !k.is_empty());
     auth.or_else(|| {
-        ["x-api-key", "api-key"]
-            .iter()
-            .find_map(|h| headers.get(*h).and_then(|v| v.to_str().ok()))
-            .map(str::trim)
+        ["x-api-key", "api-key"].iter().find_map(|h| {
+            headers
+                .get(*h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+        })
     })
-    .filter(|k| !k.is_empty())
 }
+
+/// `Authorization` schemes that, written alone, carry no key.
+const SCHEMES: [&str; 3] = ["bearer", "basic", "token"];
 
 /// The keyed hash of a credential (`seed` is the proxy's secret, chosen at start).
 pub fn key_hash(key: &str, seed: u64) -> u64 {
@@ -154,6 +171,70 @@ mod tests {
         let id = id(&h, &b);
         assert!(id.starts_with("user:#"), "{id}");
         assert!(id.len() < 30);
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, HeaderValue::from_static(value));
+        }
+        h
+    }
+
+    #[test]
+    fn the_credential_is_the_first_header_that_holds_a_key() {
+        assert_eq!(
+            credential(&headers(&[("authorization", "Bearer sk-a")])),
+            Some("sk-a")
+        );
+        // A key sent without a scheme is still a key.
+        assert_eq!(
+            credential(&headers(&[("authorization", "sk-raw")])),
+            Some("sk-raw")
+        );
+        assert_eq!(
+            credential(&headers(&[("x-api-key", " sk-ant ")])),
+            Some("sk-ant")
+        );
+        assert_eq!(
+            credential(&headers(&[("api-key", "azure-key")])),
+            Some("azure-key")
+        );
+        assert_eq!(
+            credential(&headers(&[
+                ("authorization", "Bearer sk-a"),
+                ("x-api-key", "sk-ant")
+            ])),
+            Some("sk-a")
+        );
+    }
+
+    #[test]
+    fn an_empty_key_or_a_scheme_alone_is_no_credential_and_hides_no_other() {
+        for empty in [
+            "",
+            "   ",
+            "Bearer",
+            "bearer ",
+            "Bearer    ",
+            "BASIC",
+            "Token",
+        ] {
+            let h = headers(&[("authorization", empty)]);
+            assert_eq!(credential(&h), None, "{empty:?}");
+            assert_eq!(caller(&h, 7), "anon", "{empty:?}");
+            let h = headers(&[("authorization", empty), ("x-api-key", "sk-ant")]);
+            assert_eq!(credential(&h), Some("sk-ant"), "{empty:?}");
+        }
+        let h = headers(&[("x-api-key", " "), ("api-key", "azure-key")]);
+        assert_eq!(credential(&h), Some("azure-key"));
+        assert_eq!(credential(&HeaderMap::new()), None);
+        let mut h = HeaderMap::new();
+        h.insert(
+            "authorization",
+            HeaderValue::from_bytes(b"Bearer \xff\xfe").unwrap(),
+        );
+        assert_eq!(credential(&h), None, "not text: no key");
     }
 
     #[test]
