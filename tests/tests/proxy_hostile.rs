@@ -311,8 +311,8 @@ async fn callers_with_different_keys_never_share_a_session() {
 }
 
 /// Callers that send no key all share one caller, `anon`: among them a session id is the same
-/// session whoever sends it (SECURITY.md tells operators to deploy so that every request
-/// carries a key).
+/// session whoever sends it (SECURITY.md tells operators to deploy with `--require-key`, which
+/// refuses them: `proxy_require_key.rs`).
 #[tokio::test(flavor = "multi_thread")]
 async fn callers_without_a_key_share_one_namespace() {
     let up = Upstream::start().await;

@@ -67,6 +67,13 @@ pub struct Args {
     /// are read only from a person's own messages, never from tool output a host pasted.
     #[arg(long)]
     allow_chat_commands: bool,
+    /// Refuse every request bound for the model server that carries no API key (in
+    /// `Authorization`, `x-api-key` or `api-key`): a 401 with code `missing_api_key` in the
+    /// format's error shape, before any session, judging or forwarding (counted in
+    /// `/metrics`). Callers without a key would otherwise all share one set of sessions; the
+    /// key is required, not checked. `/healthz` and `/metrics` need none.
+    #[arg(long)]
+    require_key: bool,
     /// Most sessions kept (about 2 KB each); a new session beyond evicts the least recently
     /// used (counted in `/metrics`).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
@@ -148,6 +155,7 @@ pub fn run(args: Args) -> u8 {
     };
     let options = Options {
         chat_commands,
+        require_key: args.require_key,
         backend: args.backend,
         nudge: args.nudge.map(|n| match n {
             Nudge::Context => NudgePlacement::Context,

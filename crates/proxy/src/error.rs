@@ -7,6 +7,9 @@ use serde_json::{Value, json};
 
 use crate::wire::Wire;
 
+/// The code of a request refused for carrying no API key ([`ApiError::missing_key`]).
+pub const MISSING_API_KEY: &str = "missing_api_key";
+
 /// An error the proxy answers with.
 ///
 /// `kind` and `code` follow OpenAI's conventions where one exists (`invalid_request_error`);
@@ -50,6 +53,24 @@ impl ApiError {
             "invalid_request_error",
             code,
             message,
+        )
+    }
+
+    /// A 401 for a request that carries no API key where the operator requires one
+    /// (`--require-key`), code `missing_api_key`, with the type `wire`'s own API gives a
+    /// request without a key: Anthropic's `authentication_error`, OpenAI's
+    /// `invalid_request_error`. The message is fixed: nothing of the request is quoted.
+    pub fn missing_key(wire: Wire) -> ApiError {
+        let kind = match wire {
+            Wire::Messages => "authentication_error",
+            Wire::Chat | Wire::Responses => "invalid_request_error",
+        };
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            kind,
+            MISSING_API_KEY,
+            "this proxy requires an API key: send it in the `Authorization` header \
+             (`Bearer <key>`), or in `x-api-key` or `api-key`",
         )
     }
 
@@ -192,5 +213,28 @@ mod tests {
         assert_eq!(data["type"], "error");
         assert_eq!(data["code"], "upstream_unreachable");
         assert_eq!(data["error"]["code"], "upstream_unreachable");
+    }
+
+    #[test]
+    fn a_missing_key_is_a_401_in_each_formats_shape() {
+        for wire in [Wire::Chat, Wire::Messages, Wire::Responses] {
+            let e = ApiError::missing_key(wire);
+            assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+            let body = e.body(wire);
+            assert_eq!(body["error"]["code"], MISSING_API_KEY);
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("requires an API key")
+            );
+            if wire == Wire::Messages {
+                assert_eq!(body["type"], "error");
+                assert_eq!(body["error"]["type"], "authentication_error");
+            } else {
+                assert!(body.get("type").is_none());
+                assert_eq!(body["error"]["type"], "invalid_request_error");
+            }
+        }
     }
 }

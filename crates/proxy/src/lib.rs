@@ -135,6 +135,14 @@ pub struct Options {
     pub header_timeout: Duration,
     /// Who may change their session's settings with in-chat commands.
     pub chat_commands: ChatCommands,
+    /// Refuse every request bound for the upstream (the model routes and the routes passed
+    /// through beside them) that carries no API key (`Authorization`, `x-api-key`, `api-key`;
+    /// see [`session::credential`]): a 401 with code `missing_api_key` in the route's error
+    /// shape, answered before the body is read, so that no session is made, nothing is judged
+    /// and nothing is forwarded. `/healthz`, `/metrics` and paths the proxy does not serve
+    /// are answered as without it. The key is not checked, only required: keyless callers,
+    /// who would all share one caller (`anon`), are turned away.
+    pub require_key: bool,
     /// Most sessions kept; a new one beyond evicts the least recently used.
     pub max_sessions: usize,
     /// Where sessions are saved at shutdown and restored from at start, so that a restart
@@ -177,6 +185,7 @@ impl Options {
             max_connections: 1024,
             header_timeout: Duration::from_secs(30),
             chat_commands: ChatCommands::Off,
+            require_key: false,
             max_sessions: 100_000,
             state_file: None,
             decisions: None,

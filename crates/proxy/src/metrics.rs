@@ -65,6 +65,7 @@ impl Default for Histogram {
 #[derive(Debug, Default)]
 pub struct Metrics {
     requests: Labeled,
+    refused: Labeled,
     tool_calls: AtomicU64,
     tool_results: AtomicU64,
     interventions: Labeled,
@@ -85,6 +86,12 @@ impl Metrics {
     /// `passthrough`, `healthz`, `metrics`, `other`).
     pub fn request(&self, route: &str) {
         self.requests.inc(&[route]);
+    }
+
+    /// A request on `route` was refused before anything was done with it; `reason`:
+    /// `missing_api_key` (`--require-key` and no key).
+    pub fn refused(&self, route: &str, reason: &str) {
+        self.refused.inc(&[route, reason]);
     }
 
     /// A tool call the model issued.
@@ -172,6 +179,12 @@ impl Metrics {
             "loopguard_proxy_requests_total",
             "HTTP requests received, by route.",
             &["route"],
+        );
+        self.refused.render(
+            &mut out,
+            "loopguard_proxy_requests_refused_total",
+            "Requests refused before anything was done with them, by route and reason (missing_api_key: --require-key and no key).",
+            &["route", "reason"],
         );
         counter(
             &mut out,
@@ -294,12 +307,16 @@ mod tests {
         m.request("chat_completions");
         m.request("chat_completions");
         m.tool_call();
+        m.refused("messages", "missing_api_key");
         m.intervention("warn", "exact_repeat");
         m.upstream_error("unreachable");
         m.observe_latency(Duration::from_millis(30));
         let text = m.render(3);
         assert!(text.contains("loopguard_proxy_requests_total{route=\"chat_completions\"} 2"));
         assert!(text.contains("loopguard_proxy_tool_calls_total 1"));
+        assert!(text.contains(
+            "loopguard_proxy_requests_refused_total{route=\"messages\",reason=\"missing_api_key\"} 1"
+        ));
         assert!(text.contains(
             "loopguard_proxy_interventions_total{action=\"warn\",detector=\"exact_repeat\"} 1"
         ));

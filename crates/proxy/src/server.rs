@@ -381,11 +381,35 @@ async fn responses(Extract(state): Extract<Shared>, headers: HeaderMap, body: Bo
 async fn handle(wire: Wire, state: Shared, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
     state.metrics.request(wire.name());
+    if let Some(refused) = keyless(&state, &headers, wire, wire.name()) {
+        return refused;
+    }
     let resp = handle_inner(wire, &state, &headers, body, started).await;
     if resp.extensions().get::<Pumped>().is_none() {
         state.metrics.observe_latency(started.elapsed());
     }
     resp
+}
+
+/// Under [`Options::require_key`](crate::Options::require_key), the answer to a request bound
+/// for the upstream that carries no API key: a 401 in `wire`'s error shape, counted under
+/// `route`. It is decided from the headers alone, before the body is read. `None`: the request
+/// goes on.
+fn keyless(
+    state: &State,
+    headers: &HeaderMap,
+    wire: Wire,
+    route: &'static str,
+) -> Option<Response> {
+    if !state.options.require_key || crate::session::credential(headers).is_some() {
+        return None;
+    }
+    state.metrics.refused(route, crate::error::MISSING_API_KEY);
+    tracing::debug!(route, "a request without an API key was refused");
+    let mut out = ApiError::missing_key(wire).response(wire);
+    out.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(out)
 }
 
 /// Sends a request body to the upstream's `wire` endpoint.
@@ -1005,11 +1029,25 @@ async fn passthrough(
 ) -> Response {
     let path = uri.path();
     let rest = path.strip_prefix("/v1").unwrap_or(path);
-    state.metrics.request(if rest.starts_with("/models") {
+    let route = if rest.starts_with("/models") {
         "models"
     } else {
         "passthrough"
-    });
+    };
+    state.metrics.request(route);
+    // A refusal is shaped for the API the route belongs to: the token count is Anthropic's,
+    // stored responses are OpenAI's, and the model list is either (Anthropic clients send
+    // `anthropic-version` with every request).
+    let wire = if rest.starts_with("/messages/") || headers.contains_key("anthropic-version") {
+        Wire::Messages
+    } else if rest.starts_with("/responses/") {
+        Wire::Responses
+    } else {
+        Wire::Chat
+    };
+    if let Some(refused) = keyless(&state, &headers, wire, route) {
+        return refused;
+    }
     let Some(segments) = rest
         .strip_prefix('/')
         .and_then(crate::upstream::model_segments)

@@ -20,7 +20,9 @@
 //! Every id is scoped to the caller's credential ([`caller`]): a keyed hash of the API key the
 //! request carries (`key:<16 hex digits>/…`, the key itself is never kept), or `anon/…`. Two
 //! callers with different keys never share a session, whatever header, `user` value or opening
-//! prompts they send.
+//! prompts they send. Keyless callers all share `anon`; with
+//! [`Options::require_key`](crate::Options::require_key) their requests are refused before a
+//! session is looked for.
 
 use axum::http::HeaderMap;
 use loopguard_hash::xxh3 as xxh3_64;

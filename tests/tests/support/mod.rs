@@ -41,6 +41,8 @@ pub struct Fake {
     /// The responses the Responses fake stored (`resp_N`, unless the request said `store:
     /// false`): the call ids each one issued, which a request continuing it must answer.
     pub stored: Arc<Mutex<HashMap<String, Vec<String>>>>,
+    /// Every request received, on any route.
+    pub hits: Arc<AtomicU64>,
 }
 
 /// One request the Anthropic or Responses fake received, and how it answered.
@@ -71,7 +73,11 @@ impl Upstream {
             .route("/v1/models", get(fake_models))
             .route("/v1/models/{*id}", get(fake_models))
             .fallback(fake_other)
-            .with_state(fake.clone());
+            .with_state(fake.clone())
+            .layer(axum::middleware::from_fn_with_state(
+                fake.clone(),
+                count_hit,
+            ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -80,6 +86,11 @@ impl Upstream {
 
     pub fn base(&self) -> String {
         format!("http://{}/v1", self.addr)
+    }
+
+    /// How many requests the fake received, on any route.
+    pub fn hits(&self) -> u64 {
+        self.fake.hits.load(Ordering::SeqCst)
     }
 
     pub fn requests(&self) -> Vec<Value> {
@@ -97,6 +108,16 @@ impl Upstream {
             .cloned()
             .collect()
     }
+}
+
+/// Counts every request the fake receives, whatever its route.
+async fn count_hit(
+    State(f): State<Fake>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    f.hits.fetch_add(1, Ordering::SeqCst);
+    next.run(request).await
 }
 
 /// Text that must reach the client unchanged: multi-byte characters (split across network reads
