@@ -1355,6 +1355,45 @@ fn monologue_and_its_reset() {
     }
 }
 
+/// An AutoGen executor answered every reply with the same `exitcode: 1 … unknown language`;
+/// the replies, each a new apology, were judged as a person's messages and nothing was found.
+#[test]
+fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
+    let rejection = "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml";
+    let mut h = H::default();
+    let mut flagged = None;
+    for word in ["first", "second", "third", "fourth", "fifth", "sixth"] {
+        let v = h.text(
+            &format!("I apologize a {word} time: the manifest is configuration."),
+            false,
+            false,
+        );
+        if flagged.is_none() && det(&v) == Some("monologue") {
+            flagged = Some(v.count);
+        }
+        h.user(rejection, false);
+    }
+    assert_eq!(
+        flagged,
+        Some(4),
+        "the 4th turn answered by the same rejection"
+    );
+    // Replies that differ leave the monologue at its own threshold.
+    let mut h = H::default();
+    let mut flagged = None;
+    for word in ["first", "second", "third", "fourth", "fifth", "sixth"] {
+        let v = h.text(&format!("Here is the {word} attempt."), false, false);
+        if flagged.is_none() && det(&v) == Some("monologue") {
+            flagged = Some(v.count);
+        }
+        h.user(
+            &format!("exitcode: 1 (execution failed)\nCode output: \nno {word}"),
+            false,
+        );
+    }
+    assert_eq!(flagged, Some(6));
+}
+
 #[test]
 fn repeated_turns_are_text_repeat() {
     let mut h = H::default();

@@ -444,7 +444,7 @@ detectors! {
     /// consecutive failing test runs
     TestFix test_fix: TestFix = TEST_FIX, "failing test runs";
     /// assistant turns with no tool call, one after another
-    Monologue monologue: Counted = MONOLOGUE, "turns without a tool call";
+    Monologue monologue: Monologue = MONOLOGUE, "turns without a tool call";
     /// the same assistant turn repeated
     TextRepeat text_repeat: TextRepeat = TEXT_REPEAT, "the same text";
     /// a unit of text repeated inside one (streamed) message, outside code, tables and lists
@@ -574,9 +574,15 @@ detector_section! {
 }
 
 detector_section! {
-    Counted in MONOLOGUE {
+    /// Parameters of the `monologue` detector.
+    #[derive(Clone, Debug)]
+    pub struct Monologue in MONOLOGUE {
         /// the Nth consecutive assistant turn without a tool call is flagged
         threshold: u32 = COUNT, "6";
+        /// the Nth consecutive assistant turn without a tool call is flagged sooner when the
+        /// turns before it were each answered by the same automated reply (a framework failing
+        /// or rejecting them the same way: `exitcode: 1 … unknown language`, `Invalid Format`)
+        same_reply_threshold: u32 = COUNT, "4";
     }
 }
 
@@ -845,7 +851,7 @@ section! {
         /// regexes on a user-role message that mean the host or framework sent it, not a person (a
         /// "continue" prompt, an observation, a reminder): such a message changes no count
         automated_patterns: Vec<Regex> = REGEXES,
-            r#"['(?i)^\W*(please\s+)?(continue|proceed|go on|keep going|carry on)(\s+(working|with the task|on the task))?\W*$', '(?i)^\W*(please\s+)?continue working on the task\b', '(?i)\byou (did not|didn''t|have not|haven''t|must|should) (call|use|invoke) (a|any) (tool|function)', '(?i)^\W*(please\s+)?use (a|the) (tool|tools|function)', '(?s)^\s*<(system-reminder|system_reminder|environment_details)>.*</(system-reminder|system_reminder|environment_details)>\s*$', '(?i)^\s*(observation|tool (output|result|response)|function (output|result))\s*:', '(?i)^\s*\[?(automated|auto-generated|system) (message|reminder|notice)\b', '(?i)^\s*background task (completed|finished|done)\W*$', '(?i)^\W*your (output|response) was not formatted correctly', '(?i)^\W*please always provide exactly one action\b', '(?i)^\s*call id\s*:', '(?i)\bnow let''s retry: take care not to repeat previous errors', '(?i)^\W*now proceed and carry out this plan\W*$', '\(Open file: [^\n]*\)\s*\n\(Current directory: [^\n]*\)\s*\n\s*bash-\$\s*$']"#;
+            r#"['(?i)^\W*(please\s+)?(continue|proceed|go on|keep going|carry on)(\s+(working|with the task|on the task))?\W*$', '(?i)^\W*(please\s+)?continue working on the task\b', '(?i)\byou (did not|didn''t|have not|haven''t|must|should) (call|use|invoke) (a|any) (tool|function)', '(?i)^\W*(please\s+)?use (a|the) (tool|tools|function)', '(?s)^\s*<(system-reminder|system_reminder|environment_details)>.*</(system-reminder|system_reminder|environment_details)>\s*$', '(?i)^\s*(observation|tool (output|result|response)|function (output|result))\s*:', '(?i)^\s*\[?(automated|auto-generated|system) (message|reminder|notice)\b', '(?i)^\s*background task (completed|finished|done)\W*$', '(?i)^\W*your (output|response) was not formatted correctly', '(?i)^\W*please always provide exactly one action\b', '(?i)^\s*call id\s*:', '(?i)\bnow let''s retry: take care not to repeat previous errors', '(?i)^\W*now proceed and carry out this plan\W*$', '\(Open file: [^\n]*\)\s*\n\(Current directory: [^\n]*\)\s*\n\s*bash-\$\s*$', '(?i)^\s*exitcode: -?\d+ \(execution (succeeded|failed)\)']"#;
     }
 }
 

@@ -17,8 +17,10 @@
 //!   `python` with the code.
 //! - **Shell actions** (SWE-agent, mini-swe-agent and other thought-action agents): the
 //!   message ends with a fenced shell block (`bash`, `sh`, `shell`, `console`, or
-//!   mini-swe-agent's `mswea_bash_command`). Prose ends with code often enough that this form counts as a call only
-//!   when the next message is an observation ([`is_observation`]).
+//!   mini-swe-agent's `mswea_bash_command`), or with a Python block for a code executor
+//!   (AutoGen's, answering `exitcode: 0 (execution succeeded)`). Prose ends with code often
+//!   enough that this form counts as a call only when the next message is an observation
+//!   ([`is_observation`]).
 //!
 //! The next user message after a call read from text is its result: such frameworks send the
 //! observation as a user message.
@@ -61,6 +63,8 @@ pub(crate) fn is_observation(text: &str) -> bool {
         || head.starts_with("execution logs")
         // mini-swe-agent: `<returncode>0</returncode>` then `<output>…</output>`.
         || head.starts_with("<returncode>")
+        // AutoGen's code executor: `exitcode: 1 (execution failed)` then `Code output: …`.
+        || head.starts_with("exitcode:")
         || t.starts_with("EXECUTION RESULT of [")
         || t.ends_with("bash-$")
         || t.contains("(Current directory:")
@@ -356,21 +360,24 @@ fn code_call(text: &str) -> Option<TextCall> {
 
 fn shell_call(text: &str) -> Option<TextCall> {
     let (lang, body) = last_fence(text, "")?;
-    if !matches!(
-        lang,
-        "" | "bash" | "sh" | "shell" | "console" | "mswea_bash_command"
-    ) {
-        return None;
-    }
     let command = body.trim();
     if command.is_empty() || command.len() > 16 << 10 {
         return None;
     }
-    Some(TextCall {
-        tool: "bash".to_owned(),
-        arguments: json!({ "command": command }),
-        sure: false,
-    })
+    match lang {
+        "" | "bash" | "sh" | "shell" | "console" | "mswea_bash_command" => Some(TextCall {
+            tool: "bash".to_owned(),
+            arguments: json!({ "command": command }),
+            sure: false,
+        }),
+        // A code executor's (AutoGen's) Python block.
+        "python" | "py" | "python3" => Some(TextCall {
+            tool: "python".to_owned(),
+            arguments: json!({ "code": command }),
+            sure: false,
+        }),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -484,6 +491,30 @@ mod tests {
         ));
         assert!(is_observation("Observation: 3 results"));
         assert!(!is_observation("Thanks! Now do the other thing."));
+    }
+
+    /// AutoGen's user proxy runs the code block a reply ends with and answers `exitcode: …`:
+    /// such blocks were no calls and the executor's answers no observations.
+    #[test]
+    fn a_code_executors_blocks_and_answers_are_calls_and_results() {
+        assert_eq!(
+            call("Let me load it.\n\n```python\nimport pandas as pd\nprint(1)\n```"),
+            Some((
+                "python".into(),
+                json!({"code": "import pandas as pd\nprint(1)"}),
+                false
+            ))
+        );
+        assert!(is_observation(
+            "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml\n"
+        ));
+        assert!(is_observation(
+            "exitcode: 0 (execution succeeded)\nCode output: \n37\n"
+        ));
+        assert_eq!(
+            call("Here is the config:\n```yaml\nkind: Service\n```"),
+            None
+        );
     }
 
     #[test]

@@ -101,6 +101,10 @@ pub struct TextState {
     pub turn_no: u64,
     /// Consecutive turns without a tool call.
     pub monologue: u32,
+    /// The digest of the last automated reply to a turn without a tool call, and how many such
+    /// replies in a row were the same.
+    pub reply: u64,
+    pub same_replies: u32,
     /// Dropped when a message ends, so idle sessions keep no text buffers.
     pub chant: Option<Box<Chant>>,
 }
@@ -109,6 +113,7 @@ impl TextState {
     /// A call or a user message ends the turn being written; it was not a monologue.
     pub fn end_turn(&mut self) {
         self.monologue = 0;
+        self.same_replies = 0;
         self.turn = TurnText::default();
         self.chant = None;
     }

@@ -35,12 +35,21 @@ impl Session {
         if end && !t.reasoning && !t.narration {
             let (digest, chars) = ts.turn.take();
             ts.monologue = ts.monologue.saturating_add(1);
-            if p.monologue.enabled && ts.monologue >= p.monologue.threshold {
+            // Turns each answered by the same automated reply (a framework failing or
+            // rejecting them the same way) are flagged sooner: the agent is told the same thing
+            // and says something else that changes nothing.
+            let threshold = if ts.same_replies.saturating_add(1) >= p.monologue.same_reply_threshold
+            {
+                p.monologue.threshold.min(p.monologue.same_reply_threshold)
+            } else {
+                p.monologue.threshold
+            };
+            if p.monologue.enabled && ts.monologue >= threshold {
                 cands[0] = Some(Detection::new(
                     Det::Monologue,
                     0x6d6f_6e6f,
                     ts.monologue,
-                    p.monologue.threshold,
+                    threshold,
                 ));
             }
             // Empty turns count too: nothing said again, each answered by a host prompt.
@@ -74,6 +83,21 @@ impl Session {
     pub(super) fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
         let user = &self.rules.config.user;
         if u.injected || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
+            // A reply to a turn without a tool call: the same one as the last such reply
+            // counts towards `monologue.same_reply_threshold`.
+            if let Some(ts) = &mut self.text {
+                if ts.monologue > 0 {
+                    let digest = crate::hash::hash_str(u.text.trim());
+                    ts.same_replies = if ts.same_replies > 0 && digest == ts.reply {
+                        ts.same_replies.saturating_add(1)
+                    } else {
+                        1
+                    };
+                    ts.reply = digest;
+                } else {
+                    ts.same_replies = 0;
+                }
+            }
             return Verdict::allow();
         }
         if let Some(text) = &mut self.text {
