@@ -533,9 +533,14 @@ impl Reader {
         self.turn += 1;
         let mut if_observed = None;
         let from_text = calls.is_empty();
-        if from_text && let Some(tc) = text_calls::text_call(&texts.join("\n")) {
+        let mut text = texts.join("\n");
+        if from_text && let Some(tc) = text_calls::text_call(&text) {
             if tc.sure {
                 calls.push((None, tc.tool, Args::Json(tc.arguments)));
+                // The call's own text (a tool use's parameters, a file's content) is no prose.
+                if text.is_char_boundary(tc.prose) {
+                    text.truncate(tc.prose);
+                }
             } else {
                 if_observed = Some((tc.tool, tc.arguments));
             }
@@ -554,7 +559,6 @@ impl Reader {
                 },
             );
         }
-        let text = texts.join("\n");
         // A turn of reasoning alone is not an empty turn: it says nothing yet.
         if (calls.is_empty() && !reasoned) || !text.trim().is_empty() {
             self.push(
@@ -1004,6 +1008,47 @@ mod tests {
         let bad = vec![json!({"role": "tool-call", "content": "Calling tools:\n[{'id': "})];
         assert!(read_messages(&bad, Mode::Strict).is_err());
         assert!(read_messages(&bad, Mode::Lenient).unwrap().is_empty());
+    }
+
+    /// A tool use written in the text (Cline's XML, OpenHands' function tags, ReAct) was kept
+    /// in the turn's text: a file's repeated lines in its parameters read as chanting.
+    #[test]
+    fn a_call_written_in_text_is_not_part_of_the_turns_prose() {
+        let repeated = "assert parse('a') == 1\n".repeat(8);
+        for (text, prose) in [
+            (
+                format!(
+                    "I'll write the tests.\n\n<write_to_file>\n<path>t.py</path>\n<content>\n{repeated}</content>\n</write_to_file>"
+                ),
+                "I'll write the tests.\n\n",
+            ),
+            (
+                format!(
+                    "Writing them now.\n<function=str_replace_editor>\n<parameter=command>create</parameter>\n<parameter=file_text>\n{repeated}</parameter>\n</function>"
+                ),
+                "Writing them now.\n",
+            ),
+            (
+                "Thought: look it up\nAction: search\nAction Input: borrow checker".to_owned(),
+                "Thought: look it up\n",
+            ),
+        ] {
+            let items = read_messages(
+                &[json!({"role": "assistant", "content": text})],
+                Mode::Strict,
+            )
+            .unwrap();
+            assert_eq!(kinds(&items), ["text", "call"], "{text}");
+            match &items[0].kind {
+                Kind::Text {
+                    text: t, narration, ..
+                } => {
+                    assert_eq!(t, prose);
+                    assert!(narration);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub(crate) struct TextCall {
     /// The form says plainly that it is a call; `false` for a shell block, which is a call
     /// only when an observation answers it.
     pub sure: bool,
+    /// Where the call starts in the text given to [`text_call`]: what comes before it is the
+    /// message's prose. The whole text for a fenced block (its code is no prose the text
+    /// detectors read).
+    pub prose: usize,
 }
 
 /// Longest tool name read from text.
@@ -44,15 +48,28 @@ const MAX_PARAMS: usize = 64;
 
 /// The call an assistant's text makes, if it makes one.
 pub(crate) fn text_call(text: &str) -> Option<TextCall> {
+    let lead = text.len() - text.trim_start().len();
+    let whole = text.len();
     let text = text.trim();
     if text.is_empty() {
         return None;
     }
-    function_call(text)
+    let mut call = function_call(text)
         .or_else(|| xml_call(text))
         .or_else(|| react_call(text))
         .or_else(|| code_call(text))
-        .or_else(|| shell_call(text))
+        .or_else(|| shell_call(text))?;
+    call.prose = if call.prose >= text.len() {
+        whole
+    } else {
+        lead + call.prose
+    };
+    Some(call)
+}
+
+/// The byte offset of `part`, a subslice of `text`, in `text`.
+fn offset(text: &str, part: &str) -> usize {
+    (part.as_ptr() as usize).saturating_sub(text.as_ptr() as usize)
 }
 
 /// Whether a user message is a framework's observation of what a call did.
@@ -121,10 +138,12 @@ fn function_call(text: &str) -> Option<TextCall> {
         }
         rest = &value[end + "</parameter>".len()..];
     }
+    let before = before.strip_suffix("<tool_call>").unwrap_or(before);
     Some(TextCall {
         tool: name.to_owned(),
         arguments: Value::Object(args),
         sure: true,
+        prose: before.len(),
     })
 }
 
@@ -170,12 +189,14 @@ fn xml_call(text: &str) -> Option<TextCall> {
             tool: tool.to_owned(),
             arguments,
             sure: true,
+            prose: start,
         });
     }
     Some(TextCall {
         tool: name.to_owned(),
         arguments: xml_children(inner),
         sure: true,
+        prose: start,
     })
 }
 
@@ -258,6 +279,7 @@ fn react_call(text: &str) -> Option<TextCall> {
             tool: tool.to_owned(),
             arguments: input_arguments(v.get("action_input").cloned().unwrap_or(Value::Null)),
             sure: true,
+            prose: offset(text, lines[at]),
         });
     }
     if is_final(named) || named.len() > MAX_NAME || named.split_whitespace().count() > 4 {
@@ -282,6 +304,7 @@ fn react_call(text: &str) -> Option<TextCall> {
         tool: named.to_owned(),
         arguments: input_arguments(value),
         sure: true,
+        prose: offset(text, lines[at]),
     })
 }
 
@@ -332,6 +355,7 @@ fn code_call(text: &str) -> Option<TextCall> {
             tool: "python".to_owned(),
             arguments: json!({ "code": body }),
             sure: true,
+            prose: usize::MAX,
         })
     };
     if let Some((lang, body)) = last_fence(text, "<end_code>")
@@ -369,12 +393,14 @@ fn shell_call(text: &str) -> Option<TextCall> {
             tool: "bash".to_owned(),
             arguments: json!({ "command": command }),
             sure: false,
+            prose: usize::MAX,
         }),
         // A code executor's (AutoGen's) Python block.
         "python" | "py" | "python3" => Some(TextCall {
             tool: "python".to_owned(),
             arguments: json!({ "code": command }),
             sure: false,
+            prose: usize::MAX,
         }),
         _ => None,
     }
