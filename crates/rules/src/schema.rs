@@ -748,9 +748,9 @@ section! {
         wait_commands: Vec<String> = STRS, "[sleep, wait, watch]";
         /// shell commands that change files or the environment (a first word, or a first word and
         /// the next word or a flag); a successful one, or a command writing to a file with `>`, is
-        /// progress like a write tool's call
+        /// progress like a write tool's call (`edit`, `create`, `insert`: SWE-agent's editor commands)
         modify_commands: Vec<String> = STRS,
-            r#"[apply_patch, patch, tee, mv, cp, rm, mkdir, touch, ln, chmod, "sed -i", "perl -i", "git apply", "git am", "git checkout", "git restore", "git switch", "git reset", "git stash", "git add", "git commit", "git merge", "git rebase", "git cherry-pick", "git revert", "git pull", "git mv", "git rm", "npm install", "npm i", "npm ci", "npm uninstall", "pnpm install", "pnpm add", "yarn add", "yarn install", "pip install", "pip3 install", "pip uninstall", "uv add", "uv pip", "poetry add", "cargo add", "cargo fix", "cargo fmt", "go get", "go mod", "go fmt", "gofmt -w", rustfmt, black, isort, "ruff format", "prettier --write", "eslint --fix", "perl -pi", "dotnet format"]"#;
+            r#"[apply_patch, patch, tee, mv, cp, rm, mkdir, touch, ln, chmod, "sed -i", "perl -i", "git apply", "git am", "git checkout", "git restore", "git switch", "git reset", "git stash", "git add", "git commit", "git merge", "git rebase", "git cherry-pick", "git revert", "git pull", "git mv", "git rm", "npm install", "npm i", "npm ci", "npm uninstall", "pnpm install", "pnpm add", "yarn add", "yarn install", "pip install", "pip3 install", "pip uninstall", "uv add", "uv pip", "poetry add", "cargo add", "cargo fix", "cargo fmt", "go get", "go mod", "go fmt", "gofmt -w", rustfmt, black, isort, "ruff format", "prettier --write", "eslint --fix", "perl -pi", "dotnet format", edit, create, insert]"#;
         /// commands that only show the state of the work (a first word, or a first word and its
         /// subcommand, found past options such as `git -C dir`): with nothing done between them,
         /// such queries in a row learn nothing new (`stagnation`); a command is one when every

@@ -117,6 +117,9 @@ fn shell_commands_that_change_files_are_recognized() {
         "echo x >> log.txt",
         "sudo pip install requests",
         "FOO=1 npm install left-pad",
+        // SWE-agent's editor commands.
+        "edit 500:504\n        if payload is not None:\nend_of_edit",
+        "create reproduce.py",
     ] {
         assert!(modifies(cmd), "{cmd}");
     }
