@@ -259,9 +259,9 @@ fn react_call(text: &str) -> Option<TextCall> {
     if lines.iter().any(|l| labelled(l, "Final Answer").is_some()) {
         return None;
     }
-    let at = lines
-        .iter()
-        .rposition(|l| labelled(l, "Action").is_some())?;
+    // The first action is the one run: a model that writes on past it (an observation it
+    // imagines, a next action) is cut there by the framework.
+    let at = lines.iter().position(|l| labelled(l, "Action").is_some())?;
     let named = labelled(lines[at], "Action")?
         .trim_matches(|c: char| matches!(c, '`' | '"' | '\'' | '*'))
         .trim();
@@ -448,6 +448,14 @@ mod tests {
             None
         );
         assert_eq!(call("Action: search"), None, "no input, no call");
+        // A model writing on past its action (an imagined observation, a next action): the
+        // framework runs the first.
+        assert_eq!(
+            call(
+                "Action: search\nAction Input: first\nObservation: made up\nThought: next\nAction: lookup\nAction Input: second"
+            ),
+            Some(("search".into(), json!({"input": "first"}), true))
+        );
     }
 
     #[test]
