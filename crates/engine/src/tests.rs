@@ -1392,6 +1392,21 @@ fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
         );
     }
     assert_eq!(flagged, Some(6));
+    // A prompt to go on rejects nothing: the next turn may be new work.
+    let mut h = H::default();
+    let mut flagged = None;
+    for word in ["first", "second", "third", "fourth", "fifth", "sixth"] {
+        let v = h.text(
+            &format!("Here is the {word} part of the report."),
+            false,
+            false,
+        );
+        if flagged.is_none() && det(&v) == Some("monologue") {
+            flagged = Some(v.count);
+        }
+        h.user("Please continue.", false);
+    }
+    assert_eq!(flagged, Some(6));
 }
 
 #[test]

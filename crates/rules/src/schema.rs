@@ -580,9 +580,14 @@ detector_section! {
         /// the Nth consecutive assistant turn without a tool call is flagged
         threshold: u32 = COUNT, "6";
         /// the Nth consecutive assistant turn without a tool call is flagged sooner when the
-        /// turns before it were each answered by the same automated reply (a framework failing
-        /// or rejecting them the same way: `exitcode: 1 … unknown language`, `Invalid Format`)
+        /// turns before it were each answered by the same automated reply that rejects them (a
+        /// framework failing or refusing them the same way: `exitcode: 1 … unknown language`,
+        /// `Invalid or incomplete response`)
         same_reply_threshold: u32 = COUNT, "4";
+        /// regexes on an automated reply that mean it rejects the turn it answers (a prompt to
+        /// go on, `continue`, rejects nothing: the next turn may well be new work)
+        reject_patterns: Vec<Regex> = REGEXES,
+            r#"['(?i)\b(error|errors|exception|failed|failure|invalid|incomplete|unknown|unsupported|unrecognized|not (allowed|supported|recognized|found|valid|permitted)|did not|didn''t|could not|couldn''t|cannot|can''t|must|missing)\b', '(?i)^\s*exitcode: [1-9]']"#;
     }
 }
 

@@ -83,10 +83,18 @@ impl Session {
     pub(super) fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
         let user = &self.rules.config.user;
         if u.injected || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
-            // A reply to a turn without a tool call: the same one as the last such reply
-            // counts towards `monologue.same_reply_threshold`.
+            // A reply rejecting a turn without a tool call: the same one as the last such
+            // reply counts towards `monologue.same_reply_threshold`.
+            let rejects = self
+                .rules
+                .config
+                .detectors
+                .monologue
+                .reject_patterns
+                .iter()
+                .any(|re| re.is_match(u.text));
             if let Some(ts) = &mut self.text {
-                if ts.monologue > 0 {
+                if ts.monologue > 0 && rejects {
                     let digest = crate::hash::hash_str(u.text.trim());
                     ts.same_replies = if ts.same_replies > 0 && digest == ts.reply {
                         ts.same_replies.saturating_add(1)
