@@ -207,14 +207,15 @@ impl ResultRules {
                         head -= 1;
                     }
                     let head = &masked[..head];
+                    let tail = tail_of(r.output, TAIL_BYTES);
                     self.errors.iter().any(|re| re.is_match(head))
-                        || (!self.error_tails.is_empty() && {
-                            let tail = tail_of(r.output, TAIL_BYTES);
-                            match &self.error_tail_any {
+                        || (!self.error_tails.is_empty()
+                            && match &self.error_tail_any {
                                 Some(re) => re.is_match(tail),
                                 None => self.error_tails.iter().any(|re| re.is_match(tail)),
-                            }
-                        })
+                            })
+                        || partly_passed(head)
+                        || partly_passed(tail)
                 }
             };
         // A failure is known by its signature, its first and last lines and the first line
@@ -260,6 +261,40 @@ impl ResultRules {
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
         }
     }
+}
+
+/// Whether a line of `text` says that only some tests passed: `9/11 tests passed`, `3 of 5
+/// checks passed` (a harness's summary, which may list no failure by name).
+fn partly_passed(text: &str) -> bool {
+    fn number(s: &str) -> Option<(u64, &str)> {
+        let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let n = s
+            .get(..end)
+            .filter(|d| !d.is_empty() && d.len() <= 9)?
+            .parse()
+            .ok()?;
+        Some((n, &s[end..]))
+    }
+    let says = |line: &str| -> Option<bool> {
+        let (passed, rest) = number(line.trim_start())?;
+        let rest = rest.trim_start();
+        let rest = rest
+            .strip_prefix('/')
+            .or_else(|| rest.strip_prefix("of "))?
+            .trim_start();
+        let (total, rest) = number(rest)?;
+        let mut words = rest.split_whitespace();
+        let what = words.next()?.to_ascii_lowercase();
+        let verb = words.next()?.to_ascii_lowercase();
+        let what = what.trim_end_matches('s');
+        let verb = verb.trim_end_matches(|c: char| !c.is_ascii_alphabetic());
+        Some(
+            matches!(what, "test" | "check" | "spec" | "case")
+                && matches!(verb, "passed" | "passing" | "succeeded" | "ok")
+                && passed < total,
+        )
+    };
+    text.lines().take(64).any(|l| says(l) == Some(true))
 }
 
 /// Lines of a failure searched for the line that names its error.

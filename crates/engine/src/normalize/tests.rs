@@ -147,6 +147,19 @@ fn a_failure_summary_at_the_end_is_a_failure() {
     }
 }
 
+/// A harness's `9/11 tests passed`, with no failure named, read as a success.
+#[test]
+fn a_summary_of_some_tests_passing_is_a_failure() {
+    let out = flagless_outcome;
+    assert!(out("9/11 tests passed").error);
+    assert!(out("Running...\n3 of 5 checks passed.").error);
+    assert!(out("19 / 22 tests passed\nsee the log").error);
+    assert!(!out("11/11 tests passed").error);
+    assert!(!out("0/0 tests passed").error);
+    assert!(!out("Downloaded 9/11 packages").error);
+    assert!(!out("9/11 tests").error);
+}
+
 /// SWE-agent wraps every rejected edit in the same header and footer: three edits rejected for
 /// different errors shared their first and last lines, and so their signature.
 #[test]
