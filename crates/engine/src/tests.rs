@@ -1359,54 +1359,36 @@ fn monologue_and_its_reset() {
 /// the replies, each a new apology, were judged as a person's messages and nothing was found.
 #[test]
 fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
-    let rejection = "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml";
-    let mut h = H::default();
-    let mut flagged = None;
-    for word in ["first", "second", "third", "fourth", "fifth", "sixth"] {
-        let v = h.text(
-            &format!("I apologize a {word} time: the manifest is configuration."),
-            false,
-            false,
-        );
-        if flagged.is_none() && det(&v) == Some("monologue") {
-            flagged = Some(v.count);
+    // The count of the first monologue flag over six turns, each followed by `reply(word)`.
+    let first_flag = |reply: &dyn Fn(&str) -> String| {
+        let mut h = H::default();
+        let mut flagged = None;
+        for word in ["first", "second", "third", "fourth", "fifth", "sixth"] {
+            let v = h.text(
+                &format!("Here is the {word} try: a manifest."),
+                false,
+                false,
+            );
+            if flagged.is_none() && det(&v) == Some("monologue") {
+                flagged = Some(v.count);
+            }
+            h.user(&reply(word), false);
         }
-        h.user(rejection, false);
-    }
+        flagged
+    };
+    let rejection = "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml";
     assert_eq!(
-        flagged,
+        first_flag(&|_| rejection.to_owned()),
         Some(4),
         "the 4th turn answered by the same rejection"
     );
     // Replies that differ leave the monologue at its own threshold.
-    let mut h = H::default();
-    let mut flagged = None;
-    for word in ["first", "second", "third", "fourth", "fifth", "sixth"] {
-        let v = h.text(&format!("Here is the {word} attempt."), false, false);
-        if flagged.is_none() && det(&v) == Some("monologue") {
-            flagged = Some(v.count);
-        }
-        h.user(
-            &format!("exitcode: 1 (execution failed)\nCode output: \nno {word}"),
-            false,
-        );
-    }
-    assert_eq!(flagged, Some(6));
+    assert_eq!(
+        first_flag(&|w| format!("exitcode: 1 (execution failed)\nCode output: \nno {w}")),
+        Some(6)
+    );
     // A prompt to go on rejects nothing: the next turn may be new work.
-    let mut h = H::default();
-    let mut flagged = None;
-    for word in ["first", "second", "third", "fourth", "fifth", "sixth"] {
-        let v = h.text(
-            &format!("Here is the {word} part of the report."),
-            false,
-            false,
-        );
-        if flagged.is_none() && det(&v) == Some("monologue") {
-            flagged = Some(v.count);
-        }
-        h.user("Please continue.", false);
-    }
-    assert_eq!(flagged, Some(6));
+    assert_eq!(first_flag(&|_| "Please continue.".to_owned()), Some(6));
 }
 
 #[test]

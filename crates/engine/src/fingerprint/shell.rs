@@ -366,22 +366,16 @@ impl FingerprintRules {
     /// allowed) or a change of directory, and one is a query: what such a line writes with `>`
     /// is a copy of the state it shows.
     fn saves_a_query(&self, cmd: &str) -> bool {
-        let list = &self.shell.state_queries;
-        if !list.may_run(cmd.as_bytes()) {
-            return false;
-        }
-        let mut any = false;
-        for segment in Segments::new(cmd) {
-            match list.runs_segment(segment) {
-                Some(true) => any = true,
-                Some(false) if !changes_directory(segment) => return false,
-                _ => {}
-            }
-        }
-        any
+        self.only_queries(cmd, true)
     }
 
     pub(super) fn queries(&self, cmd: &str) -> bool {
+        self.only_queries(cmd, false)
+    }
+
+    /// Whether a line has a state query and every other command of it is one too; with
+    /// `saved`, queries naming a path and changes of directory (`cd repo`) pass as well.
+    fn only_queries(&self, cmd: &str, saved: bool) -> bool {
         let list = &self.shell.state_queries;
         // A line none of whose commands can be a query (most lines: no `git` in them) is
         // answered by a substring search.
@@ -391,7 +385,8 @@ impl FingerprintRules {
         let mut any = false;
         for segment in Segments::new(cmd) {
             match list.runs_segment(segment) {
-                Some(true) if !segment_names_path(segment) => any = true,
+                Some(true) if saved || !segment_names_path(segment) => any = true,
+                Some(false) if saved && changes_directory(segment) => {}
                 Some(_) => return false,
                 None => {}
             }

@@ -85,16 +85,9 @@ impl Session {
         if u.injected || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
             // A reply rejecting a turn without a tool call: the same one as the last such
             // reply counts towards `monologue.same_reply_threshold`.
-            let rejects = self
-                .rules
-                .config
-                .detectors
-                .monologue
-                .reject_patterns
-                .iter()
-                .any(|re| re.is_match(u.text));
+            let rejects = &self.rules.config.detectors.monologue.reject_patterns;
             if let Some(ts) = &mut self.text {
-                if ts.monologue > 0 && rejects {
+                if ts.monologue > 0 && rejects.iter().any(|re| re.is_match(u.text)) {
                     let digest = crate::hash::hash_str(u.text.trim());
                     ts.same_replies = if ts.same_replies > 0 && digest == ts.reply {
                         ts.same_replies.saturating_add(1)
