@@ -29,10 +29,12 @@ mod raw;
 mod shell;
 #[cfg(test)]
 mod tests;
+mod writes;
 
 use canonical::*;
 use keyset::*;
 use shell::*;
+pub use writes::{FileWrite, ShellWrites};
 
 pub use canonical::is_path_key;
 pub(crate) use canonical::plain;
@@ -185,6 +187,9 @@ pub struct CallKeys {
     /// A shell command that only shows the state of the work: every command of its line is
     /// one of `shell.state_queries` (`git status && git diff`).
     pub query: bool,
+    /// The whole-file writes with literal content of a modifying shell command
+    /// (`echo … > f`), and whether the rest of its line leaves files alone.
+    pub writes: ShellWrites,
 }
 
 /// The side of a replacement an argument key names: the text replaced, or its replacement.
@@ -529,6 +534,9 @@ impl FingerprintRules {
         {
             keys.test = tool.tests.is_test(script.trim(), test_commands);
             keys.modify = self.modifies(script);
+            if keys.modify {
+                keys.writes = writes::shell_writes(script, |s| self.modifies(s));
+            }
             keys.query = !keys.modify && self.queries(script);
             keys.poll = self.complex(script) && self.polls(script);
             return keys;

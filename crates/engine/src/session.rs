@@ -4,7 +4,7 @@
 //! The rooms: this file holds the session and its window; `session/call_event.rs`,
 //! `result_event.rs` and `conversation.rs` (text and user messages) judge each kind of event;
 //! `verdicts.rs` turns detections into a verdict; `call_ids.rs` keeps the host's call ids;
-//! `state.rs` is the session's snapshot form.
+//! `files.rs` what literal writes put in files; `state.rs` is the session's snapshot form.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -27,11 +27,13 @@ use crate::verdict::{CallRef, Verdict};
 mod call_event;
 mod call_ids;
 mod conversation;
+mod files;
 mod result_event;
 mod state;
 mod verdicts;
 
 use call_ids::*;
+use files::Files;
 
 #[cfg(test)]
 pub(crate) use conversation::allowance;
@@ -102,6 +104,8 @@ pub struct Session {
     /// did to the calls before it.
     user_seq: u32,
     user_turn: UserTurn,
+    /// The content of the files written last with literal content.
+    files: Files,
 }
 
 /// What the latest message from a person did to the counts of the calls before it.
@@ -177,6 +181,7 @@ impl Session {
             group: None,
             user_seq: 0,
             user_turn: UserTurn::Open,
+            files: Files::default(),
         }
     }
 

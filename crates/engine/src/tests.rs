@@ -717,6 +717,47 @@ fn a_write_made_again_with_no_other_write_since_is_no_progress() {
     }
 }
 
+/// A shell command writing a file with the content it already holds changes nothing, even
+/// with other work between the two writes: re-running the same failing program after it is a
+/// repeat. A write of other content, or a command that may have changed the file since
+/// (`sed -i`), makes the same write a change again.
+#[test]
+fn a_file_written_again_with_the_content_it_holds_is_no_progress() {
+    let write = "echo \"print(undefined_name)\" > app.py";
+    let run = "python app.py";
+    let failure = "NameError: name 'undefined_name' is not defined";
+    let rewrite_then_run = |between: &[&str], second: &str| {
+        let mut h = H::default();
+        h.bash(write, "", false);
+        for cmd in between {
+            h.bash(cmd, "", false);
+        }
+        h.bash(run, failure, true);
+        let mut flagged = false;
+        for look in ["ls", "cat app.py"] {
+            let (w, _) = h.bash(second, "", false);
+            flagged |= !w.is_allow();
+            let (c, r) = h.bash(look, "app.py", false);
+            flagged |= !c.is_allow() || !r.is_allow();
+            let (c, r) = h.bash(run, failure, true);
+            flagged |= !c.is_allow() || !r.is_allow();
+        }
+        flagged
+    };
+    assert!(
+        rewrite_then_run(&["pip install flask", "mkdir -p logs"], write),
+        "the same content again is no progress"
+    );
+    assert!(
+        !rewrite_then_run(&["pip install flask"], "echo \"print(1)\" > app.py"),
+        "other content is a change"
+    );
+    assert!(
+        !rewrite_then_run(&["sed -i s/undefined_name/x/ app.py"], write),
+        "after a change not followed, the same write may restore the file"
+    );
+}
+
 /// Failing test runs whose failure changes between edits (fewer tests failing) are progress.
 #[test]
 fn test_runs_failing_differently_after_edits_are_progress() {

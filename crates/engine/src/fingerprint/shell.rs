@@ -284,6 +284,9 @@ impl FingerprintRules {
         let cmd = cmd.trim();
         keys.test = tool.tests.is_test(cmd, test_commands);
         keys.modify = self.modifies(cmd);
+        if keys.modify {
+            keys.writes = super::writes::shell_writes(cmd, |s| self.modifies(s));
+        }
         keys.query = !keys.modify && self.queries(cmd);
         let first = cmd
             .split_whitespace()

@@ -218,6 +218,66 @@ fn edits_replacing_a_text_with_itself_are_known() {
 /// `git -C /repo commit` and `git --no-pager add` ran past the subcommand check, which read
 /// only the word after `git`.
 #[test]
+fn literal_writes_of_shell_commands_are_read() {
+    let writes = |cmd: &str| keys("bash", &json!({ "command": cmd })).writes;
+    let targets = |cmd: &str| {
+        let w = writes(cmd);
+        (w.len, w.others_harmless)
+    };
+    // Echo, printf and a here-document with `cat` write literal content.
+    assert_eq!(targets("echo 'x = 1' > app.py"), (1, true));
+    assert_eq!(targets("printf 'a\\n' > ./a.txt"), (1, true));
+    assert_eq!(targets("cat > f.py <<'EOF'\nx = 1\ny = 2\nEOF"), (1, true));
+    assert_eq!(
+        targets("cat <<EOF >f.py\nx = 1\nEOF\npython f.py"),
+        (1, true)
+    );
+    // Commands that leave files alone may come with them; quoted `>` and `;` are text.
+    assert_eq!(
+        targets("mkdir -p d && touch d/app.py && echo \"a > b; c\" > d/app.py"),
+        (1, true)
+    );
+    assert_eq!(
+        targets("echo a > x.txt; echo b > y.txt 2>/dev/null"),
+        (2, true)
+    );
+    assert_eq!(targets("pip install flask"), (0, true));
+    // Writes not followed: appends, content from a command, a file copied, other changes.
+    assert_eq!(targets("echo a >> log.txt"), (0, false));
+    assert_eq!(targets("echo \"$(date)\" > stamp.txt"), (0, false));
+    assert_eq!(targets("echo `date` > stamp.txt"), (0, false));
+    assert_eq!(targets("cat a.txt > b.txt"), (0, false));
+    assert_eq!(targets("python gen.py > out.txt"), (0, false));
+    assert_eq!(targets("sed -i s/a/b/ f.py && echo x > g.py"), (1, false));
+    assert_eq!(targets("echo x > g.py && git checkout f.py"), (1, false));
+    assert_eq!(
+        targets("cat > f.py <<EOF && python f.py\nx = 1\nEOF"),
+        (0, false)
+    );
+    // The whole command is the content: the here-document's body included.
+    let body = |b: &str| writes(&format!("cat > f.py <<'EOF'\n{b}\nEOF")).writes[0];
+    assert_eq!(body("x = 1"), body("x = 1"));
+    assert_ne!(body("x = 1").content, body("x = 2").content);
+    assert_eq!(body("x = 1").target, body("x = 2").target);
+    // The same content to another file is another write.
+    let one = writes("echo x > a.py").writes[0];
+    let other = writes("echo x > b.py").writes[0];
+    assert_ne!(one.target, other.target);
+    assert_ne!(one.content, other.content);
+    // Hostile text ends the scan without a panic: open quotes, a here-document never closed.
+    for cmd in [
+        "echo 'a > b",
+        "echo \"a > b",
+        "cat > f <<EOF\nno end",
+        "echo $(a > b",
+        "> x",
+        "<<",
+    ] {
+        let _ = writes(cmd);
+    }
+}
+
+#[test]
 fn a_subcommand_is_found_past_global_options() {
     let modifies = |cmd: &str| keys("bash", &json!({ "command": cmd })).modify;
     for cmd in [
@@ -604,6 +664,23 @@ fn raw_scan_handles_what_it_should() {
         "",
     ] {
         assert!(f.keys_of_raw(&t, s, tests).is_none(), "{s}");
+    }
+}
+
+proptest! {
+    /// Any command line, however its quotes, substitutions and here-documents are left open,
+    /// is read without a panic, and a line's literal writes never outnumber its `>`.
+    #[test]
+    fn literal_writes_of_any_command_line(
+        parts in prop::collection::vec(prop::sample::select(&[
+            "echo", "printf", "cat", "x", "'", "\"", "`", "$(", ")", "(", "<<", "<<-", "<<<",
+            "EOF", "'EOF'", ">", ">>", "2>", ">&", ">|", "&&", ";", "|", "\n", "\t", " ", "\\",
+            "/dev/null", "f.py", "sed -i", "mkdir", "é",
+        ][..]), 0..24),
+    ) {
+        let cmd = parts.concat();
+        let w = writes::shell_writes(&cmd, |_| true);
+        prop_assert!(usize::from(w.len) <= cmd.matches('>').count());
     }
 }
 

@@ -159,21 +159,52 @@ impl Session {
     /// the calls around it: a shell command that modifies, or a call of a modifying tool that
     /// does not only look (`"command": "view"`) and does not replace a text with itself. A write
     /// made again with no other write since (the previous write, the same call, did not fail)
-    /// leaves the world as the first one left it: no change.
+    /// leaves the world as the first one left it: no change. So does a shell command whose
+    /// only changes are literal writes of what the files already hold ([`Files`]), whatever
+    /// was done between that left files alone. Keeps the session's memory of files up to date.
     fn modifies(
-        &self,
+        &mut self,
         keys: &CallKeys,
         tool: &crate::compiled::ToolInfo,
         exact: u32,
         now: u32,
     ) -> bool {
         let writes = keys.modify || (tool.modifies && !keys.read_only && !keys.noop_edit);
-        writes
+        if !writes {
+            return false;
+        }
+        let w = &keys.writes;
+        let harmless = keys.modify && w.others_harmless;
+        let unchanged = harmless
+            && w.len > 0
+            && w.iter().all(|x| {
+                self.files
+                    .wrote(x)
+                    .is_some_and(|seq| !self.write_failed(seq, now))
+            });
+        if !harmless {
+            self.files.clear();
+        }
+        if !unchanged {
+            for x in w.iter() {
+                self.files.set(x, self.seq);
+            }
+        }
+        !unchanged
             && !self
                 .full_window(now)
                 .iter()
                 .find(|r| r.has(flag::MODIFY))
                 .is_some_and(|r| r.exact == exact && !(r.has(flag::RESULT) && r.has(flag::ERROR)))
+    }
+
+    /// Whether the call `seq`, still in the window, failed (its result came back an error).
+    fn write_failed(&self, seq: u32, now: u32) -> bool {
+        let back = self.seq.wrapping_sub(1).wrapping_sub(seq) as usize;
+        self.full_window(now)
+            .iter()
+            .nth(back)
+            .is_some_and(|r| r.has(flag::RESULT) && r.has(flag::ERROR))
     }
 
     /// Records the call's fuzzy fingerprint in the session's group, if it is a worker of one, and

@@ -142,6 +142,7 @@ impl Session {
         self.armed = None;
         self.user_seq = 0;
         self.user_turn = UserTurn::Open;
+        self.files.clear();
         if let Some(m) = self.group.as_deref_mut() {
             m.loops.clear();
         }
