@@ -190,6 +190,9 @@ pub struct CallKeys {
     /// The whole-file writes with literal content of a modifying shell command
     /// (`echo … > f`), and whether the rest of its line leaves files alone.
     pub writes: ShellWrites,
+    /// What the call's path arguments name (`path`, `file_path`, `dir`, …): a hash of them
+    /// all, 0 when it has none. A modifying tool's call changes that file.
+    pub target: u64,
 }
 
 /// The side of a replacement an argument key names: the text replaced, or its replacement.
@@ -452,6 +455,7 @@ impl FingerprintRules {
         let mut path: Option<&str> = None;
         let mut read_only = false;
         let mut edit = EditSides::<&str>::default();
+        let mut target = 0u64;
         for (k, x) in map {
             let kh = key_hash(k);
             let role = tool.role(kh, k);
@@ -490,6 +494,9 @@ impl FingerprintRules {
                 Value::String(s) => {
                     let path_key = role.path;
                     let text = self.text_hash(s, path_key);
+                    if path_key {
+                        target = target.wrapping_add(mix(kh, mix(tag::STRING, text)));
+                    }
                     if is_command
                         && !path_key
                         && let Some(c) = &mut command
@@ -519,6 +526,7 @@ impl FingerprintRules {
             fuzzy: exact,
             read_only,
             noop_edit: edit.same(|a, b| a == b),
+            target,
             ..CallKeys::default()
         };
         if let Some(c) = command

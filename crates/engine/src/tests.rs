@@ -758,6 +758,50 @@ fn a_file_written_again_with_the_content_it_holds_is_no_progress() {
     );
 }
 
+/// An editing tool writing two files in turn with the same contents each round changes
+/// nothing after the first round: the same failing check between rounds is a repeat. When
+/// one of the files gets new content each round, every round is progress.
+#[test]
+fn files_written_in_turn_with_the_contents_they_hold_are_no_progress() {
+    let rounds = |second: &dyn Fn(usize) -> String| {
+        let mut h = H::default();
+        let mut flagged = false;
+        for (i, look) in ["ls", "cat app.py", "wc -l app.py"].into_iter().enumerate() {
+            let steps = [
+                (
+                    "write_file",
+                    json!({"path": "app.py", "content": "import cfg"}),
+                ),
+                (
+                    "write_file",
+                    json!({"path": "cfg.py", "content": second(i)}),
+                ),
+            ];
+            for (tool, args) in steps {
+                let (c, r) = h.run(tool, args, "wrote", false);
+                flagged |= !c.is_allow() || !r.is_allow();
+            }
+            let (c, r) = h.bash(look, "app.py cfg.py", false);
+            flagged |= !c.is_allow() || !r.is_allow();
+            let (c, r) = h.bash(
+                "python app.py",
+                "ImportError: cannot import name 'PORT'",
+                true,
+            );
+            flagged |= !c.is_allow() || !r.is_allow();
+        }
+        flagged
+    };
+    assert!(
+        rounds(&|_| "HOST = 1".to_owned()),
+        "the same two writes again are no progress"
+    );
+    assert!(
+        !rounds(&|i| format!("HOST = {i}")),
+        "a new content each round is progress"
+    );
+}
+
 /// Failing test runs whose failure changes between edits (fewer tests failing) are progress.
 #[test]
 fn test_runs_failing_differently_after_edits_are_progress() {

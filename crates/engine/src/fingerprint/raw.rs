@@ -204,6 +204,7 @@ impl<'a> Scanner<'a> {
         let mut any_primary = false;
         let mut read_only = false;
         let mut edit = EditSides::<Src>::default();
+        let mut target = 0u64;
         // The shell command: its key's position among the command keys, its value, and its
         // text hash when computed.
         let mut command: Option<(usize, Kind, Option<u64>)> = None;
@@ -225,6 +226,9 @@ impl<'a> Scanner<'a> {
                     }
                     edit.see(role.edit, src);
                     let text = f.scanned_text_hash(v, path_key, plain);
+                    if path_key && !role.volatile {
+                        target = target.wrapping_add(mix(kh, mix(tag::STRING, text)));
+                    }
                     (Kind::Str(src), mix(tag::STRING, text), Some(text))
                 }
                 b'n' => (Kind::Null, self.value(f, tool, false, 0)?, None),
@@ -270,6 +274,7 @@ impl<'a> Scanner<'a> {
             fuzzy: exact,
             read_only,
             noop_edit: edit.same(|a, b| self.str_of(a).is_some_and(|a| Some(a) == self.str_of(b))),
+            target,
             ..CallKeys::default()
         };
         if let Some((_, Kind::Str(src), text)) = command {

@@ -13,12 +13,28 @@ use super::*;
 /// changing files in ways not followed.
 pub const MAX_WRITES: usize = 2;
 
-/// One literal write: a hash of the file as the command names it, and a hash of the whole
-/// command that writes it (its text names both the content and the file).
+/// One write of a whole file: a hash of the file as the call names it, and a hash of what
+/// it writes. For a shell command's literal write, the target is even and the content is the
+/// whole command that writes it (its text names both the content and the file); for an
+/// editing tool's call, the target is odd (its path arguments) and the content is the call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FileWrite {
     pub target: u32,
     pub content: u32,
+}
+
+impl FileWrite {
+    /// The write of an editing tool's call: its path arguments' hash and its exact key.
+    pub fn by_tool(target: u64, exact: u32) -> FileWrite {
+        FileWrite {
+            target: target as u32 | 1,
+            content: exact,
+        }
+    }
+
+    pub fn by_shell(&self) -> bool {
+        self.target & 1 == 0
+    }
 }
 
 /// The literal writes of a shell command line.
@@ -33,8 +49,8 @@ pub struct ShellWrites {
 }
 
 impl ShellWrites {
-    pub fn iter(&self) -> impl Iterator<Item = &FileWrite> {
-        self.writes.iter().take(usize::from(self.len))
+    pub fn as_slice(&self) -> &[FileWrite] {
+        self.writes.get(..usize::from(self.len)).unwrap_or_default()
     }
 }
 
@@ -212,7 +228,8 @@ fn finish(
                 let file = unquote(cmd.get(ts..te).unwrap_or_default());
                 let file = file.strip_prefix("./").unwrap_or(file);
                 *slot = FileWrite {
-                    target: hash_bytes(TARGET_SEED, file.as_bytes()) as u32,
+                    // Even: the files of shell writes (see `FileWrite::target`).
+                    target: hash_bytes(TARGET_SEED, file.as_bytes()) as u32 & !1,
                     content: hash_bytes(CONTENT_SEED, text.trim().as_bytes()) as u32,
                 };
                 out.len += 1;

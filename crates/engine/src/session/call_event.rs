@@ -3,7 +3,7 @@
 
 use super::verdicts::{by_name, drop_exempt};
 use super::*;
-use crate::fingerprint::NOOP_FUZZY;
+use crate::fingerprint::{FileWrite, NOOP_FUZZY};
 use crate::hash::mix;
 
 impl Session {
@@ -173,20 +173,31 @@ impl Session {
         if !writes {
             return false;
         }
-        let w = &keys.writes;
-        let harmless = keys.modify && w.others_harmless;
+        let shell = keys.modify;
+        let by_tool = FileWrite::by_tool(keys.target, exact);
+        let writes = &keys.writes;
+        let (known, harmless) = if shell {
+            (writes.as_slice(), writes.others_harmless)
+        } else if keys.target != 0 {
+            (std::slice::from_ref(&by_tool), true)
+        } else {
+            (&[][..], false)
+        };
         let unchanged = harmless
-            && w.len > 0
-            && w.iter().all(|x| {
+            && !known.is_empty()
+            && known.iter().all(|x| {
                 self.files
                     .wrote(x)
                     .is_some_and(|seq| !self.write_failed(seq, now))
             });
         if !harmless {
             self.files.clear();
+        } else if !known.is_empty() {
+            // The other kind's files may be among these.
+            self.files.forget(!shell);
         }
         if !unchanged {
-            for x in w.iter() {
+            for x in known {
                 self.files.set(x, self.seq);
             }
         }

@@ -1,10 +1,13 @@
-//! What the session knows of the content of the files a shell command wrote with literal
-//! content (`echo … > app.py`, `cat > f <<'EOF'`): writing a file again with what it already
+//! What the session knows of the content of the files written last: by a shell command with
+//! literal content (`echo … > app.py`, `cat > f <<'EOF'`), or by an editing tool's call that
+//! names its file (`write_file` with a `path`). Writing a file again with what it already
 //! holds changes nothing, even when other work came between the two writes.
 //!
-//! A file's entry is forgotten when a command that may change files in ways not followed
-//! runs (`sed -i`, `git checkout`, a script that writes, an editing tool), so an entry is only
-//! kept across commands that leave files alone (runs, reads, `mkdir`, `pip install`). The
+//! The two kinds are known by different hashes of a file, so each forgets the other's files
+//! when it writes. Everything is forgotten when a command may change files in ways not
+//! followed (`sed -i`, `git checkout`, a script that writes, an edit naming no file), so an
+//! entry is only kept across calls that leave files alone (runs, reads, `mkdir`, `pip
+//! install`) or write other files. The
 //! memory is a few entries, replaced oldest first, and is not part of snapshots: a restored
 //! session starts with none, and judges its next write a change.
 
@@ -58,6 +61,19 @@ impl Files {
                 content: w.content,
                 seq: seq.max(1),
             };
+        }
+    }
+
+    /// Forgets the files written by shell commands (`shell`) or by editing tools.
+    pub(crate) fn forget(&mut self, shell: bool) {
+        for s in &mut self.slots {
+            let w = FileWrite {
+                target: s.target,
+                content: s.content,
+            };
+            if w.by_shell() == shell {
+                *s = Slot::default();
+            }
         }
     }
 
