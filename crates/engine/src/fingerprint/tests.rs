@@ -246,6 +246,13 @@ fn literal_writes_of_shell_commands_are_read() {
     assert_eq!(targets("echo a >> log.txt"), (0, false));
     assert_eq!(targets("echo \"$(date)\" > stamp.txt"), (0, false));
     assert_eq!(targets("echo `date` > stamp.txt"), (0, false));
+    assert_eq!(targets("echo $N > n.txt"), (0, false));
+    assert_eq!(targets("echo \"r'^a+$' 5$\" > re.py"), (1, true));
+    assert_eq!(targets("cat > f.py <<EOF\nhome = '$HOME'\nEOF"), (0, false));
+    assert_eq!(
+        targets("cat > f.py <<'EOF'\nhome = '$HOME'\nEOF"),
+        (1, true)
+    );
     assert_eq!(targets("cat a.txt > b.txt"), (0, false));
     assert_eq!(targets("python gen.py > out.txt"), (0, false));
     assert_eq!(targets("sed -i s/a/b/ f.py && echo x > g.py"), (1, false));

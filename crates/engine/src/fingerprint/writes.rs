@@ -69,7 +69,8 @@ struct Command {
     /// The file of its one `>` redirection (`start..end` in the line), if it has one.
     target: Option<(usize, usize)>,
     /// It writes in a way not followed: `>>`, a second `>`, a redirection of another stream
-    /// to a file, or content from a command substitution.
+    /// to a file, or content that depends on the shell's state (a variable, a command
+    /// substitution, also in a here-document's body with an unquoted delimiter).
     opaque: bool,
     heredoc: bool,
 }
@@ -83,17 +84,17 @@ pub(super) fn shell_writes(cmd: &str, modifies: impl Fn(&str) -> bool) -> ShellW
         ..ShellWrites::default()
     };
     let mut c = Command::default();
-    // Here-documents opened on the current line: their delimiters, and whether leading tabs
-    // are stripped (`<<-`).
-    let mut pending: [(usize, usize, bool); 2] = [(0, 0, false); 2];
+    // Here-documents opened on the current line: their delimiters, whether leading tabs are
+    // stripped (`<<-`) and whether the body expands.
+    let mut pending: [(usize, usize, bool, bool); 2] = [(0, 0, false, false); 2];
     let mut n_pending = 0usize;
     let mut i = 0;
     while i < b.len() {
         match b[i] {
             b'\'' => i = skip_single(b, i),
             b'"' => {
-                let (end, subst) = skip_double(b, i);
-                c.opaque |= subst;
+                let (end, expands) = skip_double(b, i);
+                c.opaque |= expands;
                 i = end;
             }
             b'\\' => i += 2,
@@ -104,6 +105,11 @@ pub(super) fn shell_writes(cmd: &str, modifies: impl Fn(&str) -> bool) -> ShellW
             b'$' if b.get(i + 1) == Some(&b'(') => {
                 c.opaque = true;
                 i = skip_parens(b, i + 1);
+            }
+            b'$' => {
+                // A variable: what is written depends on the shell's state.
+                c.opaque |= expands_at(b, i);
+                i += 1;
             }
             b'<' if b.get(i + 1) == Some(&b'<') => {
                 if b.get(i + 2) == Some(&b'<') {
@@ -119,8 +125,10 @@ pub(super) fn shell_writes(cmd: &str, modifies: impl Fn(&str) -> bool) -> ShellW
                     j += 1;
                 }
                 let (ds, de, end) = word(b, j);
+                // An unquoted delimiter: variables and substitutions in the body expand.
+                let expands = !matches!(b.get(j), Some(b'\'' | b'"'));
                 if let Some(slot) = pending.get_mut(n_pending) {
-                    *slot = (ds, de, strip);
+                    *slot = (ds, de, strip, expands);
                     n_pending += 1;
                 } else {
                     c.opaque = true;
@@ -160,9 +168,16 @@ pub(super) fn shell_writes(cmd: &str, modifies: impl Fn(&str) -> bool) -> ShellW
             b'\n' => {
                 let mut end = i;
                 // The bodies of the here-documents opened on this line.
-                for &(ds, de, strip) in pending.iter().take(n_pending) {
+                for &(ds, de, strip, expands) in pending.iter().take(n_pending) {
                     let delim = b.get(ds..de).unwrap_or_default();
+                    let from = end;
                     end = body_end(b, end, delim, strip);
+                    let body = b.get(from..end).unwrap_or_default();
+                    c.opaque |= expands
+                        && body
+                            .iter()
+                            .enumerate()
+                            .any(|(k, &x)| x == b'`' || (x == b'$' && expands_at(body, k)));
                 }
                 n_pending = 0;
                 finish(cmd, &c, end, &modifies, &mut out);
@@ -187,7 +202,7 @@ pub(super) fn shell_writes(cmd: &str, modifies: impl Fn(&str) -> bool) -> ShellW
         }
     }
     let mut end = b.len();
-    for &(ds, de, strip) in pending.iter().take(n_pending) {
+    for &(ds, de, strip, _) in pending.iter().take(n_pending) {
         let delim = b.get(ds..de).unwrap_or_default();
         end = body_end(b, end.min(b.len()), delim, strip);
     }
@@ -254,26 +269,39 @@ fn skip_single(b: &[u8], i: usize) -> usize {
         .map_or(b.len(), |p| i + 1 + p + 1)
 }
 
-/// Past a double-quoted string opening at `i`, and whether it substitutes a command.
+/// Past a double-quoted string opening at `i`, and whether it expands a variable or a
+/// command.
 fn skip_double(b: &[u8], i: usize) -> (usize, bool) {
     let mut j = i + 1;
-    let mut subst = false;
+    let mut expands = false;
     while let Some(&x) = b.get(j) {
         match x {
             b'\\' => j += 2,
-            b'"' => return (j + 1, subst),
+            b'"' => return (j + 1, expands),
             b'`' => {
-                subst = true;
+                expands = true;
                 j += 1;
             }
-            b'$' if b.get(j + 1) == Some(&b'(') => {
-                subst = true;
+            b'$' => {
+                expands |= expands_at(b, j);
                 j += 1;
             }
             _ => j += 1,
         }
     }
-    (b.len(), subst)
+    (b.len(), expands)
+}
+
+/// Whether the `$` at `i` expands something: a name, `{…}`, `(…)`, a positional or special
+/// parameter (a `$` before anything else is itself).
+fn expands_at(b: &[u8], i: usize) -> bool {
+    b.get(i + 1).is_some_and(|&x| {
+        x.is_ascii_alphanumeric()
+            || matches!(
+                x,
+                b'_' | b'{' | b'(' | b'?' | b'$' | b'!' | b'#' | b'@' | b'*' | b'-'
+            )
+    })
 }
 
 fn skip_backticks(b: &[u8], i: usize) -> usize {
