@@ -723,6 +723,15 @@ async fn failures_stay_in_their_session_and_others_are_served() {
         ),
         ("loopguard_proxy_upstream_errors_total{kind=\"status\"}", 1),
         ("loopguard_proxy_requests_total{route=\"models\"}", 1),
+        // Unreadable requests are counted by why they were refused.
+        (
+            "loopguard_proxy_requests_refused_total{route=\"chat_completions\",reason=\"request_too_large\"}",
+            1,
+        ),
+        (
+            "loopguard_proxy_requests_refused_total{route=\"chat_completions\",reason=\"invalid_json\"}",
+            1,
+        ),
     ] {
         assert_eq!(metric(&m, series), Some(value), "{series}\n{m}");
     }

@@ -89,7 +89,9 @@ impl Metrics {
     }
 
     /// A request on `route` was refused before anything was done with it; `reason`:
-    /// `missing_api_key` (`--require-key` and no key).
+    /// `missing_api_key` (`--require-key` and no key), or the code of the error that refused
+    /// an unreadable request (`request_too_large`, `request_timeout`, `unreadable_body`,
+    /// `invalid_json`, `invalid_messages`, `invalid_path`, …).
     pub fn refused(&self, route: &str, reason: &str) {
         self.refused.inc(&[route, reason]);
     }
@@ -183,7 +185,7 @@ impl Metrics {
         self.refused.render(
             &mut out,
             "loopguard_proxy_requests_refused_total",
-            "Requests refused before anything was done with them, by route and reason (missing_api_key: --require-key and no key).",
+            "Requests refused before anything was done with them, by route and reason (missing_api_key: --require-key and no key; request_too_large, request_timeout, invalid_json, …: an unreadable request).",
             &["route", "reason"],
         );
         counter(

@@ -412,6 +412,13 @@ fn keyless(
     Some(out)
 }
 
+/// Counts a request refused as unreadable (too large, too slow, not JSON, not the route's
+/// shape) under `route` and the error's code, and hands the error back.
+fn refused(state: &State, route: &str, e: ApiError) -> ApiError {
+    state.metrics.refused(route, e.code);
+    e
+}
+
 /// Sends a request body to the upstream's `wire` endpoint.
 async fn send(
     state: &State,
@@ -462,14 +469,21 @@ async fn handle_inner(
             if e.status == StatusCode::REQUEST_TIMEOUT {
                 state.metrics.slow_client();
             }
-            return e.response(wire);
+            return refused(state, wire.name(), e).response(wire);
         }
     };
     let mut body = match wire.body(&bytes) {
         Ok(b) => b,
-        Err(e) => return ApiError::invalid_request("invalid_json", e.0).response(wire),
+        Err(e) => {
+            let e = ApiError::invalid_request("invalid_json", e.0);
+            return refused(state, wire.name(), e).response(wire);
+        }
     };
     let turn = match judging(state, || state.prepare(wire, headers, &mut body)) {
+        // A request the proxy cannot read is refused; a loop's end is an answer.
+        Prepared::Fail(e) if e.kind == "invalid_request_error" => {
+            return refused(state, wire.name(), e).response(wire);
+        }
         Prepared::Fail(e) => return e.response(wire),
         Prepared::Reply(turn, text) => return reply(state, &turn, &text),
         Prepared::Forward(turn) => *turn,
@@ -1052,11 +1066,11 @@ async fn passthrough(
         .strip_prefix('/')
         .and_then(crate::upstream::model_segments)
     else {
-        return ApiError::invalid_request(
+        let e = ApiError::invalid_request(
             "invalid_path",
             "a path may not have empty, `.` or `..` segments",
-        )
-        .into_response();
+        );
+        return refused(&state, route, e).into_response();
     };
     let bytes = if method == Method::GET || method == Method::HEAD {
         Bytes::new()
@@ -1070,7 +1084,12 @@ async fn passthrough(
         .await
         {
             Ok(b) => b,
-            Err(e) => return e.into_response(),
+            Err(e) => {
+                if e.status == StatusCode::REQUEST_TIMEOUT {
+                    state.metrics.slow_client();
+                }
+                return refused(&state, route, e).into_response();
+            }
         }
     };
     let url = state
