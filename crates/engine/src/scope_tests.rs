@@ -610,6 +610,59 @@ fn a_session_snapshot_round_trips_through_json() {
     assert!(engine.snapshot_session("nobody").is_none());
 }
 
+/// A session restored between turns that a framework rejected the same way keeps its count
+/// of them: the next rejected turn is flagged where it would have been without the restore.
+#[test]
+fn a_restored_session_keeps_its_count_of_rejected_turns() {
+    let policy = Policy::builtin_default().policy.unwrap();
+    let rejection = "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml";
+    // Rounds of a turn without a call and the same rejection; a restore after `cut` rounds.
+    let first_flag = |cut: Option<usize>| {
+        let mut engine = Engine::builder(&policy).build().unwrap();
+        for round in 0..6u64 {
+            if cut == Some(round as usize) {
+                let snap = engine.snapshot_session("s").unwrap();
+                let text = serde_json::to_string(&snap).unwrap();
+                engine = Engine::builder(&policy).build().unwrap();
+                engine
+                    .restore_session("s", &serde_json::from_str(&text).unwrap())
+                    .unwrap();
+            }
+            let v = engine.observe(&Event::Text(Text {
+                session: "s",
+                text: &format!(
+                    "Here is the {} try: a manifest.",
+                    ["first", "second", "third", "fourth", "fifth", "sixth"][round as usize]
+                ),
+                chunk: false,
+                end_of_turn: true,
+                reasoning: false,
+                narration: false,
+                time_ms: round * 1_000,
+            }));
+            if !v.is_allow() {
+                return Some(round);
+            }
+            engine.observe(&Event::User(UserMessage {
+                session: "s",
+                text: rejection,
+                injected: false,
+                time_ms: round * 1_000 + 500,
+            }));
+        }
+        None
+    };
+    let straight = first_flag(None);
+    assert_eq!(straight, Some(3), "the 4th rejected turn");
+    for cut in 1..4 {
+        assert_eq!(
+            first_flag(Some(cut)),
+            straight,
+            "restored after {cut} rounds"
+        );
+    }
+}
+
 #[test]
 fn snapshot_versions_and_corruption_are_refused_clearly() {
     let engine = Engine::builder(&Policy::builtin_default().policy.unwrap())
@@ -779,17 +832,26 @@ enum Ev {
 
 fn ev() -> impl Strategy<Value = Ev> {
     prop_oneof![
-        6 => (0..3usize, 0..3usize).prop_map(|(tool, arg)| Ev::Call { tool, arg }),
+        6 => (0..TOOLS.len(), 0..ARGS).prop_map(|(tool, arg)| Ev::Call { tool, arg }),
         4 => (0..3usize, 0..3usize, any::<bool>())
             .prop_map(|(back, output, error)| Ev::Result { back, output, error }),
         2 => (0..3usize).prop_map(|text| Ev::Text { text }),
-        1 => (0..3usize).prop_map(|text| Ev::User { text }),
+        1 => (0..USERS.len()).prop_map(|text| Ev::User { text }),
         1 => Just(Ev::Reset),
         1 => proptest::option::of(2..6u32).prop_map(|max_repeats| Ev::Settings { max_repeats }),
     ]
 }
 
-const TOOLS: [&str; 3] = ["bash", "read_file", "frobnicate"];
+const TOOLS: [&str; 4] = ["bash", "read_file", "frobnicate", "write_file"];
+/// Argument sets: builds, and literal writes of two contents to one file.
+const ARGS: usize = 5;
+/// What a person (or, the last, a framework rejecting a turn) says.
+const USERS: [&str; 4] = [
+    "Let me think about this once more before I act.",
+    "I will try the same thing again.",
+    "Run it 3 times please.",
+    "exitcode: 1 (execution failed)\nCode output: \nunknown language unknown",
+];
 const TEXTS: [&str; 3] = [
     "Let me think about this once more before I act.",
     "I will try the same thing again.",
@@ -804,9 +866,12 @@ const OUTPUTS: [&str; 3] = [
 /// Feeds events to `engine` as workers "a" and "b" of one group, alternating by event index;
 /// returns the verdicts. `from` numbers the events (ids and times continue across a restore).
 fn feed(engine: &Engine, events: &[(usize, Ev)], calls: &mut [Vec<String>; 2]) -> Vec<Verdict> {
-    let args: Vec<Value> = (0..3)
+    let mut args: Vec<Value> = (0..3)
         .map(|i| json!({"command": format!("make target{i}"), "path": format!("src/{i}.rs")}))
         .collect();
+    for content in ["one", "two"] {
+        args.push(json!({"command": format!("echo {content} > f.txt"), "path": "f.txt", "content": content}));
+    }
     let mut out = Vec::new();
     for (n, e) in events {
         let w = n % 2;
@@ -840,7 +905,7 @@ fn feed(engine: &Engine, events: &[(usize, Ev)], calls: &mut [Vec<String>; 2]) -
             })),
             Ev::User { text } => engine.observe(&Event::User(UserMessage {
                 session,
-                text: TEXTS[*text],
+                text: USERS[*text],
                 injected: false,
                 time_ms: t,
             })),

@@ -25,7 +25,7 @@
 //! the group loops' escalation counters), its window of calls (fingerprints, result digests and
 //! flags, with tool *names*, so that the snapshot does not depend on the order in which an engine
 //! first saw its tools), the ids of its last few calls, its loop counters, its text state between
-//! turns, and a refusal waiting for the next call. Not in it: a streamed text turn still being
+//! turns, what its last writes left in their files, and a refusal waiting for the next call. Not in it: a streamed text turn still being
 //! written (a snapshot taken mid-stream restarts that turn) and the per-session state of detector
 //! plugins (plugins start over).
 
@@ -122,6 +122,9 @@ pub(crate) struct SessionV1 {
     /// The latest message from a person, while calls before it are set aside.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_turn: Option<UserTurnV1>,
+    /// What the last writes left in their files, oldest slot first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileV1>,
 }
 
 /// What a session was resolved for.
@@ -217,6 +220,30 @@ pub(crate) struct TextV1 {
     pub turns: Vec<u64>,
     pub turn_no: u64,
     pub monologue: u32,
+    /// The digest of the last automated reply to a turn without a tool call, and how many such
+    /// replies in a row were the same.
+    #[serde(default, with = "hex64", skip_serializing_if = "is_zero_u64")]
+    pub reply: u64,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub same_replies: u32,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What a write left in a file (`session/files.rs`): hashes of the file and of its content,
+/// and the call that wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileV1 {
+    pub target: u32,
+    pub content: u32,
+    pub seq: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

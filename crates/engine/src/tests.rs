@@ -2147,6 +2147,21 @@ fn hostile_snapshots_are_refused_and_never_stored() {
             }),
             "at most 65536",
         ),
+        (
+            "a million remembered files",
+            Box::new(|s: &mut Value| {
+                let file = json!({ "target": 1, "content": 2, "seq": 1 });
+                s["files"] = Value::Array(vec![file; 1_000_000]);
+            }),
+            "at most 4",
+        ),
+        (
+            "a file written by a call not yet made",
+            Box::new(|s: &mut Value| {
+                s["files"] = json!([{ "target": 1, "content": 2, "seq": 99 }]);
+            }),
+            "seen calls 1 to 3",
+        ),
     ];
     for (what, make, bound) in hostile {
         let mut snap = good.clone();

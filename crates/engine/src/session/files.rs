@@ -8,13 +8,12 @@
 //! followed (`sed -i`, `git checkout`, a script that writes, an edit naming no file), so an
 //! entry is only kept across calls that leave files alone (runs, reads, `mkdir`, `pip
 //! install`) or write other files. The
-//! memory is a few entries, replaced oldest first, and is not part of snapshots: a restored
-//! session starts with none, and judges its next write a change.
+//! memory is a few entries, replaced oldest first, and is part of the session's snapshot.
 
 use crate::fingerprint::FileWrite;
 
 /// Files remembered at once.
-const SLOTS: usize = 4;
+pub(crate) const SLOTS: usize = 4;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Slot {
@@ -75,6 +74,28 @@ impl Files {
                 *s = Slot::default();
             }
         }
+    }
+
+    /// The remembered files (target, content, writing call), by slot.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
+        self.slots
+            .iter()
+            .filter(|s| s.seq != 0)
+            .map(|s| (s.target, s.content, s.seq))
+    }
+
+    /// Files as [`Files::entries`] gave them (at most [`SLOTS`]; the caller checks).
+    pub(crate) fn from_entries(entries: impl Iterator<Item = (u32, u32, u32)>) -> Files {
+        let mut f = Files::default();
+        for (slot, (target, content, seq)) in f.slots.iter_mut().zip(entries) {
+            *slot = Slot {
+                target,
+                content,
+                seq,
+            };
+        }
+        f.next = (f.slots.iter().filter(|s| s.seq != 0).count() % SLOTS) as u8;
+        f
     }
 
     pub(crate) fn clear(&mut self) {

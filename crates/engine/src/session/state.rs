@@ -15,8 +15,8 @@ use crate::detect::Record;
 use crate::detect::text::{TURNS, TextState};
 use crate::escalation::Loops;
 use crate::snapshot::{
-    ArmedV1, CallIdV1, CallRefV1, LoopV1, MemberV1, RecordV1, SessionV1, SettingsV1, SnapshotError,
-    TargetV1, TextV1, UserTurnV1, VerdictV1,
+    ArmedV1, CallIdV1, CallRefV1, FileV1, LoopV1, MemberV1, RecordV1, SessionV1, SettingsV1,
+    SnapshotError, TargetV1, TextV1, UserTurnV1, VerdictV1,
 };
 use crate::verdict::{CallRef, Verdict};
 
@@ -120,6 +120,8 @@ impl Session {
                 turns,
                 turn_no: t.turn_no,
                 monologue: t.monologue,
+                reply: t.reply,
+                same_replies: t.same_replies,
             }
         });
         SessionV1 {
@@ -172,6 +174,15 @@ impl Session {
                     decided: turn == UserTurn::Final,
                 }),
             },
+            files: self
+                .files
+                .entries()
+                .map(|(target, content, seq)| FileV1 {
+                    target,
+                    content,
+                    seq,
+                })
+                .collect(),
         }
     }
 
@@ -242,6 +253,8 @@ impl Session {
             state.turns_next = t.turns.len() % TURNS;
             state.turn_no = t.turn_no;
             state.monologue = t.monologue;
+            state.reply = t.reply;
+            state.same_replies = t.same_replies;
             Box::new(state)
         });
         s.unknown = snap
@@ -267,6 +280,8 @@ impl Session {
                 },
             }));
         }
+        s.files =
+            super::Files::from_entries(snap.files.iter().map(|f| (f.target, f.content, f.seq)));
         if let Some(u) = &snap.user_turn {
             s.user_seq = u.seq;
             s.user_turn = if u.decided {
@@ -315,6 +330,19 @@ fn check(snap: &SessionV1) -> Result<(), String> {
     };
     for c in snap.call_ids.iter().chain(&snap.loop_start_ids) {
         long("a call id", &c.id, MAX_ID_BYTES)?;
+    }
+    if snap.files.len() > super::files::SLOTS {
+        return Err(format!(
+            "{} files are remembered, but a session keeps at most {}",
+            snap.files.len(),
+            super::files::SLOTS
+        ));
+    }
+    if let Some(f) = snap.files.iter().find(|f| f.seq == 0 || f.seq > snap.seq) {
+        return Err(format!(
+            "a file was written by call {}, but the session has seen calls 1 to {}",
+            f.seq, snap.seq
+        ));
     }
     for r in &snap.window {
         long(
