@@ -558,4 +558,37 @@ mod tests {
         );
         assert!(Secrets::default().header(&plain).is_none());
     }
+
+    proptest::proptest! {
+        /// Any mix of written and percent-encoded characters of a key, among stray escapes
+        /// and characters of several bytes, is found, and nothing panics.
+        #[test]
+        fn any_percent_encoding_of_a_key_is_found_among_stray_escapes(
+            how in proptest::collection::vec(0..3u8, 16),
+            before in "[%0-9a-fA-Fé€ ]{0,12}",
+            after in "[%0-9a-fA-Fé€ ]{0,12}",
+        ) {
+            let key = "sk-ké/y+01€23~";
+            let s = Secrets::new([key.to_owned()]);
+            let mut encoded = String::new();
+            for (c, how) in key.chars().zip(how) {
+                let mut buf = [0; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    match how {
+                        1 => encoded.push_str(&format!("%{b:02X}")),
+                        2 => encoded.push_str(&format!("%{b:02x}")),
+                        _ => {}
+                    }
+                }
+                if how == 0 {
+                    encoded.push(c);
+                }
+            }
+            let text = format!("{before}{encoded}{after}");
+            let out = s.text(&text);
+            proptest::prop_assert!(out.contains(REDACTED), "{} -> {}", text, out);
+            proptest::prop_assert!(!out.contains(key), "{} -> {}", text, out);
+            let _ = s.text(&format!("{after}{before}"));
+        }
+    }
 }
