@@ -92,8 +92,8 @@ impl Secrets {
     }
 
     /// The credentials a request forwards to the upstream, in its headers (each header's
-    /// value after its scheme, if any: `Bearer sk-…` gives `sk-…`; each cookie's value),
-    /// and those of the upstream URL (user name, password, query values).
+    /// value after its scheme, if any: `Bearer sk-…` gives `sk-…`; each cookie's value; a
+    /// `Basic` credential also decoded, `user:password` and the password alone), and those of the upstream URL (user name, password, query values).
     pub fn of(headers: &HeaderMap, upstream: &Upstream) -> Secrets {
         let mut values = Vec::new();
         for (name, value) in headers {
@@ -110,8 +110,19 @@ impl Secrets {
                     }
                 }
             } else {
-                let token = value.split_once(' ').map_or(value, |(_, rest)| rest.trim());
+                let (scheme, token) = value
+                    .split_once(' ')
+                    .map_or(("", value), |(scheme, rest)| (scheme, rest.trim()));
                 values.push(token.to_owned());
+                // A `Basic` credential is also quoted decoded: `user:password`, the password.
+                if scheme.eq_ignore_ascii_case("basic")
+                    && let Some(plain) = unbase64(token).and_then(|b| String::from_utf8(b).ok())
+                {
+                    if let Some((_, password)) = plain.split_once(':') {
+                        values.push(password.to_owned());
+                    }
+                    values.push(plain);
+                }
             }
         }
         values.extend(upstream.secrets().iter().cloned());
@@ -295,6 +306,32 @@ fn base64(bytes: &[u8], alphabet: &[u8; 64]) -> String {
         }
     }
     out
+}
+
+/// `text` decoded from base64 (either alphabet, padding optional); `None` when it is not
+/// base64.
+fn unbase64(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim_end_matches('=');
+    let mut out = Vec::with_capacity(text.len() / 4 * 3 + 2);
+    let (mut bits, mut held) = (0u32, 0);
+    for c in text.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u32::from(v);
+        held += 6;
+        if held >= 8 {
+            held -= 8;
+            out.push((bits >> held) as u8);
+            bits &= (1 << held) - 1;
+        }
+    }
+    Some(out)
 }
 
 /// What a credential looks like base64-encoded, in each alphabet: encoded alone (padded and
@@ -557,6 +594,32 @@ mod tests {
                 .is_none()
         );
         assert!(Secrets::default().header(&plain).is_none());
+    }
+
+    // Regression: a caller's `Basic` credential was searched for only as sent (base64), so an
+    // upstream quoting it decoded (`user:password`, or the password) showed it.
+    #[test]
+    fn a_basic_credential_is_redacted_decoded_too() {
+        let basic = b64(b"svc-user:hunter2-password");
+        let mut h = HeaderMap::new();
+        h.insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Basic {basic}")).unwrap(),
+        );
+        let s = Secrets::of(&h, &upstream());
+        assert_eq!(
+            s.text(&format!(
+                "{basic} svc-user:hunter2-password hunter2-password svc-user"
+            )),
+            "[redacted] [redacted] [redacted] svc-user"
+        );
+        // Not base64, or a short password: what was sent only.
+        assert_eq!(unbase64("a b"), None);
+        assert_eq!(unbase64("TWE").unwrap(), b"Ma");
+        assert_eq!(unbase64("-_8=").unwrap(), b"\xfb\xff");
+        let h = headers(&[("authorization", "Basic dTpzaG9ydA==")]);
+        let s = Secrets::of(&h, &upstream());
+        assert_eq!(s.text("u:short and short"), "u:short and short");
     }
 
     proptest::proptest! {
