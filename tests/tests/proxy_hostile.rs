@@ -854,12 +854,31 @@ async fn a_held_stream_larger_than_a_whole_body_is_a_502() {
 /// An upstream that quotes the key it was sent in its errors, as some do ("Incorrect API key
 /// provided: sk-…"), in the shape of the route's format. The request's model picks the answer:
 /// `deny` a 401 JSON error, `denyescaped` the same with the key's first character escaped
-/// (`\u0073k-…`), `denytext` a 401 in plain text, `denystream` a 200 stream whose error event
-/// quotes it, `failstream` (Responses) a stream whose `response.failed` carries the error.
+/// (`\u0073k-…`), `denyencoded` a 401 JSON error quoting it percent-encoded and base64-encoded
+/// (alone, URL-safe, and in a `Basic` credential), `denytext` a 401 in plain text, `denystream`
+/// a 200 stream whose error event quotes it, `failstream` (Responses) a stream whose
+/// `response.failed` carries the error, `ok` and `okstream` (chat) a plain answer. A `GET` gets
+/// a model list. Every answer also quotes the key in its headers ([`echo_in_headers`]).
 async fn echoing_upstream() -> std::net::SocketAddr {
     async fn answer(
+        method: axum::http::Method,
         uri: axum::http::Uri,
         headers: axum::http::HeaderMap,
+        body: String,
+    ) -> axum::response::Response {
+        let mut r = answer_body(method, uri, &headers, body);
+        let key = ["authorization", "x-api-key", "api-key"]
+            .iter()
+            .find_map(|h| headers.get(*h))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        echo_in_headers(&mut r, key.strip_prefix("Bearer ").unwrap_or(key));
+        r
+    }
+    fn answer_body(
+        method: axum::http::Method,
+        uri: axum::http::Uri,
+        headers: &axum::http::HeaderMap,
         body: String,
     ) -> axum::response::Response {
         use axum::response::IntoResponse;
@@ -883,8 +902,31 @@ async fn echoing_upstream() -> std::net::SocketAddr {
             json!({"error": error})
         };
         let unauthorized = axum::http::StatusCode::UNAUTHORIZED;
+        if method == axum::http::Method::GET {
+            return json_body(
+                axum::http::StatusCode::OK,
+                &json!({"object": "list", "data": [{"id": "ok", "object": "model"}]}),
+            );
+        }
         match request["model"].as_str().unwrap_or_default() {
             "deny" => json_body(unauthorized, &envelope),
+            "denyencoded" => {
+                let message = format!(
+                    "no key {} at {}; tried Basic {}",
+                    base64(key.as_bytes(), true),
+                    percent_encoded(&key, false),
+                    base64(format!("user:{key}").as_bytes(), false),
+                );
+                let mut error = error.clone();
+                error["message"] = json!(message);
+                error["param"] = json!(format!("/v1?key={}", percent_encoded(&key, true)));
+                json_body(unauthorized, &json!({"error": error}))
+            }
+            "ok" => json_body(
+                axum::http::StatusCode::OK,
+                &completion("ok", json!("Hello."), vec![]),
+            ),
+            "okstream" => sse_body(stream_events("ok", Some("Hello."), &[]), Duration::ZERO),
             "denyescaped" => {
                 let first = key.chars().next().unwrap_or('x');
                 let escaped = format!("\\u{:04x}{}", first as u32, &key[first.len_utf8()..]);
@@ -929,6 +971,93 @@ async fn echoing_upstream() -> std::net::SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     addr
+}
+
+/// Quotes `key` in `r`'s headers, as a debugging upstream or middlebox might: as written in
+/// headers the proxy passes back (`x-request-id`, `openai-*`), encoded in others
+/// (`x-ratelimit-*`, `retry-after`), and in some it does not (`x-debug-auth`,
+/// `www-authenticate`, `set-cookie`).
+fn echo_in_headers(r: &mut axum::response::Response, key: &str) {
+    let basic = base64(format!("user:{key}").as_bytes(), false);
+    for (name, value) in [
+        ("x-request-id", format!("req_{key}")),
+        ("openai-debug-auth", format!("Bearer {key}")),
+        ("openai-organization", percent_encoded(key, false)),
+        ("x-ratelimit-remaining-tokens", format!("Basic {basic}")),
+        ("retry-after", base64(key.as_bytes(), true)),
+        ("x-debug-auth", format!("Bearer {key}")),
+        (
+            "www-authenticate",
+            format!("Bearer error=\"invalid_token\", error_description=\"{key}\""),
+        ),
+        ("set-cookie", format!("k={key}; Path=/")),
+    ] {
+        if let Ok(v) = value.parse() {
+            r.headers_mut().append(name, v);
+        }
+    }
+}
+
+/// `bytes` in base64: standard with padding, or URL-safe without.
+fn base64(bytes: &[u8], url_safe: bool) -> String {
+    let alphabet: &[u8] = if url_safe {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    } else {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    };
+    let mut out = String::new();
+    for g in bytes.chunks(3) {
+        let n = g.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - g.len()));
+        for k in 0..4 {
+            if k <= g.len() {
+                out.push(char::from(alphabet[((n >> (18 - 6 * k)) & 63) as usize]));
+            } else if !url_safe {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `text` with every byte but ASCII letters and digits as `%XX` (`%xx` when `lower`).
+fn percent_encoded(text: &str, lower: bool) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                char::from(b).to_string()
+            } else if lower {
+                format!("%{b:02x}")
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The texts that would show `key`: as written, percent-encoded (either case), and runs of
+/// its base64 encodings (both alphabets, at each of the three offsets it can have in what is
+/// encoded) that hold its bits only.
+fn shows_of(key: &str) -> Vec<String> {
+    let mut out = vec![
+        key.to_owned(),
+        percent_encoded(key, false),
+        percent_encoded(key, true),
+    ];
+    for before in ["", "u", "us"] {
+        for url_safe in [false, true] {
+            let e = base64(format!("{before}{key}").as_bytes(), url_safe);
+            out.push(e[4..e.len() - 4].to_owned());
+        }
+    }
+    out
+}
+
+/// Every header of `r` as `name: value` lines.
+fn header_lines(r: &reqwest::Response) -> String {
+    r.headers()
+        .iter()
+        .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())))
+        .collect()
 }
 
 /// Regression: the body of an upstream error, and an error event of its stream, were passed to
@@ -1011,5 +1140,155 @@ async fn upstream_errors_quoting_the_callers_key_never_show_it() {
         .unwrap();
     let text = r.text().await.unwrap();
     assert!(text.contains("provided: sk-1."), "{text}");
+    assert!(!p.log().contains(key), "{}", p.log());
+}
+
+/// Regression: upstream response headers were passed back without redaction, so an upstream
+/// (or a debugging middlebox) echoing the caller's key in one (`openai-debug-auth: Bearer sk-…`,
+/// `x-request-id: req_sk-…`, or encoded) showed it to the client, on success and error
+/// statuses, plain and streamed, in every format and on passed-through routes. Every value
+/// passed back now has the key replaced, as written or encoded; headers the proxy never passes
+/// back (`set-cookie`, `www-authenticate`, hop-by-hop ones) stay out, and `content-length`
+/// is that of the body sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_headers_quoting_the_callers_key_never_show_it() {
+    let up = echoing_upstream().await;
+    let p = Proxy::start(&format!("http://{up}/v1"), &[]);
+    let key = "sk-proj-Zx81/Qm0+Ppd4rLkV2aT9s~";
+    let shows = shows_of(key);
+    let formats = [
+        (
+            "/v1/chat/completions",
+            "authorization",
+            format!("Bearer {key}"),
+            "messages",
+        ),
+        ("/v1/messages", "x-api-key", key.to_owned(), "messages"),
+        ("/v1/responses", "api-key", key.to_owned(), "input"),
+    ];
+    let mut seen = 0;
+    for (path, header, value, list) in &formats {
+        let mut models = vec![("deny", false), ("deny", true), ("denystream", true)];
+        if *path == "/v1/chat/completions" {
+            models.extend([("ok", false), ("okstream", true)]);
+        }
+        for (model, stream) in models {
+            let mut body = json!({"model": model, "stream": stream, "max_tokens": 16});
+            body[*list] = json!([{"role": "user", "content": "hi"}]);
+            let r = client()
+                .post(p.url(path))
+                .header(*header, value)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let lines = header_lines(&r);
+            let what = format!("{path} {model} stream={stream}: {status}\n{lines}");
+            for show in &shows {
+                assert!(!lines.contains(show.as_str()), "{show} in {what}");
+            }
+            assert!(lines.contains("x-request-id: req_[redacted]\n"), "{what}");
+            assert!(
+                lines.contains("openai-debug-auth: Bearer [redacted]\n"),
+                "{what}"
+            );
+            assert!(
+                lines.contains("openai-organization: [redacted]\n"),
+                "{what}"
+            );
+            assert!(lines.contains("retry-after: [redacted]\n"), "{what}");
+            for never in ["set-cookie", "www-authenticate", "x-debug-auth"] {
+                assert!(!lines.contains(never), "{what}");
+            }
+            let length = r.content_length();
+            let text = r.text().await.unwrap();
+            if !stream || model == "deny" {
+                assert_eq!(length, Some(text.len() as u64), "{what}");
+            }
+            seen += 1;
+        }
+    }
+    // Routes passed through unjudged, an error and a success.
+    for (request, status) in [
+        (
+            client()
+                .post(p.url("/v1/messages/count_tokens"))
+                .json(&json!({"model": "deny", "messages": []})),
+            401,
+        ),
+        (client().get(p.url("/v1/models")), 200),
+    ] {
+        let r = request.header("x-api-key", key).send().await.unwrap();
+        let lines = header_lines(&r);
+        assert_eq!(r.status().as_u16(), status, "{lines}");
+        for show in &shows {
+            assert!(!lines.contains(show.as_str()), "{show} in {lines}");
+        }
+        assert!(lines.contains("x-request-id: req_[redacted]\n"), "{lines}");
+        seen += 1;
+    }
+    assert_eq!(seen, 13);
+    assert!(!p.log().contains(key), "{}", p.log());
+}
+
+/// Regression: a key the upstream quoted in another encoding (percent-encoded, base64 alone or
+/// in `Basic base64(user:key)`) was not recognized, so its error showed the key to the client.
+/// Each form is replaced, the body stays JSON, and its `content-length` is that of the
+/// changed body.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_errors_quoting_the_callers_key_encoded_never_show_it() {
+    let up = echoing_upstream().await;
+    let p = Proxy::start(&format!("http://{up}/v1"), &[]);
+    let key = "sk-proj-Zx81/Qm0+Ppd4rLkV2aT9s~";
+    let shows = shows_of(key);
+    for (path, header, value, list) in [
+        (
+            "/v1/chat/completions",
+            "authorization",
+            format!("Bearer {key}"),
+            "messages",
+        ),
+        ("/v1/messages", "x-api-key", key.to_owned(), "messages"),
+        ("/v1/responses", "api-key", key.to_owned(), "input"),
+        (
+            "/v1/messages/count_tokens",
+            "x-api-key",
+            key.to_owned(),
+            "messages",
+        ),
+    ] {
+        for stream in [false, true] {
+            let mut body = json!({"model": "denyencoded", "stream": stream, "max_tokens": 16});
+            body[list] = json!([{"role": "user", "content": "hi"}]);
+            let r = client()
+                .post(p.url(path))
+                .header(header, &value)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let length = r.content_length();
+            let text = r.text().await.unwrap();
+            let what = format!("{path} stream={stream}: {status} {text}");
+            assert_eq!(status, 401, "{what}");
+            assert_eq!(length, Some(text.len() as u64), "{what}");
+            for show in &shows {
+                assert!(!text.contains(show.as_str()), "{show} in {what}");
+            }
+            let error: Value = serde_json::from_str(&text).unwrap();
+            let message = error["error"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with("no key [redacted] at [redacted]; tried Basic "),
+                "{what}"
+            );
+            assert!(
+                message.contains("[redacted]") && message.len() < 80,
+                "{what}"
+            );
+            assert_eq!(error["error"]["param"], "/v1?key=[redacted]", "{what}");
+        }
+    }
     assert!(!p.log().contains(key), "{}", p.log());
 }

@@ -151,19 +151,31 @@ fn forwarded(headers: &HeaderMap) -> HeaderMap {
         .collect()
 }
 
-/// Upstream response headers passed back (request ids, rate limits).
-fn passed_back(from: &HeaderMap, to: &mut HeaderMap) {
+/// Upstream response headers passed back (request ids, rate limits), each value with the
+/// request's credentials (`secrets`) replaced. None is hop-by-hop (`connection`,
+/// `transfer-encoding`, …, and any the upstream's `connection` names) or describes the body
+/// (`content-length`): the proxy's own response sets those for the body it sends, changed or
+/// not. A header whose name holds a credential is dropped.
+fn passed_back(from: &HeaderMap, to: &mut HeaderMap, secrets: &Secrets) {
+    let hop_by_hop: Vec<String> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .collect();
     for (k, v) in from {
         let name = k.as_str();
-        if name == "x-request-id"
+        let wanted = name == "x-request-id"
             || name == "request-id"
             || name == "retry-after"
             || name.starts_with("x-ratelimit-")
             || name.starts_with("anthropic-ratelimit-")
-            || name.starts_with("openai-")
-        {
-            to.insert(k.clone(), v.clone());
+            || name.starts_with("openai-");
+        if !wanted || hop_by_hop.iter().any(|h| h == name) || secrets.in_name(name) {
+            continue;
         }
+        to.insert(k.clone(), secrets.header(v).unwrap_or_else(|| v.clone()));
     }
 }
 
@@ -313,7 +325,7 @@ async fn pass_error(
     state.metrics.upstream_error("status");
     let status = resp.status();
     let mut headers = HeaderMap::new();
-    passed_back(resp.headers(), &mut headers);
+    passed_back(resp.headers(), &mut headers, secrets);
     let body = match read_upstream(state, resp, deadline).await {
         Ok(b) => b,
         Err(e) => return e.response(wire),
@@ -532,7 +544,7 @@ async fn plain(
 ) -> Response {
     let status = resp.status();
     let mut headers = HeaderMap::new();
-    passed_back(resp.headers(), &mut headers);
+    passed_back(resp.headers(), &mut headers, judge.secrets());
     let raw = match read_upstream(state, resp, deadline).await {
         Ok(b) => b,
         Err(e) => {
@@ -709,7 +721,7 @@ async fn stream(
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Piece>(32);
     let mut headers = HeaderMap::new();
-    passed_back(resp.headers(), &mut headers);
+    passed_back(resp.headers(), &mut headers, judge.secrets());
     let session = judge.turn.session.clone();
     tokio::spawn(pump(
         Arc::clone(state),
@@ -1110,8 +1122,8 @@ async fn passthrough(
         Ok(Err(e)) => return upstream_failure(&state, &e, "with response headers").into_response(),
         Ok(Ok(r)) => r,
     };
+    let secrets = Secrets::of(&headers, &state.upstream);
     if !resp.status().is_success() {
-        let secrets = Secrets::of(&headers, &state.upstream);
         return pass_error(&state, Wire::Chat, resp, deadline, &secrets).await;
     }
     let status = resp.status();
@@ -1120,7 +1132,7 @@ async fn passthrough(
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
     let mut headers = HeaderMap::new();
-    passed_back(resp.headers(), &mut headers);
+    passed_back(resp.headers(), &mut headers, &secrets);
     let body = match read_upstream(&state, resp, deadline).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -1156,5 +1168,57 @@ mod tests {
         let mut held = Held::default();
         assert!(!held.hold(vec![String::new(); 1000], 100 * per));
         assert_eq!(held.events.len(), 100);
+    }
+
+    // Regression: upstream response headers were passed back without redaction, so a header
+    // quoting the caller's key showed it to the client.
+    #[test]
+    fn passed_back_headers_hold_no_credential_and_nothing_hop_by_hop() {
+        let key = "sk-proj-Zx81Qm0Ppd4rLkV2aT9s";
+        let secrets = Secrets::new([key.to_owned()]);
+        let mut from = HeaderMap::new();
+        for (name, value) in [
+            ("x-request-id", format!("req-{key}")),
+            ("openai-debug-auth", format!("Bearer {key}")),
+            ("x-ratelimit-limit-requests", "60".to_owned()),
+            ("retry-after", "sk-proj-Zx81Qm0Ppd4rLkV2aT9%73".to_owned()),
+            (
+                "www-authenticate",
+                format!("Bearer error_description=\"{key}\""),
+            ),
+            ("set-cookie", format!("k={key}")),
+            ("x-debug-auth", format!("Bearer {key}")),
+            ("content-length", "12".to_owned()),
+            ("transfer-encoding", "chunked".to_owned()),
+            ("connection", "keep-alive, openai-hop".to_owned()),
+            ("keep-alive", "timeout=5".to_owned()),
+            ("openai-hop", "1".to_owned()),
+            (
+                &format!("openai-{}", key.to_ascii_lowercase())[..],
+                "1".to_owned(),
+            ),
+        ] {
+            from.append(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(&value).unwrap(),
+            );
+        }
+        let mut to = HeaderMap::new();
+        passed_back(&from, &mut to, &secrets);
+        let mut names: Vec<&str> = to.keys().map(axum::http::HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "openai-debug-auth",
+                "retry-after",
+                "x-ratelimit-limit-requests",
+                "x-request-id"
+            ]
+        );
+        assert_eq!(to["x-request-id"], "req-[redacted]");
+        assert_eq!(to["openai-debug-auth"], "Bearer [redacted]");
+        assert_eq!(to["retry-after"], "[redacted]");
+        assert_eq!(to["x-ratelimit-limit-requests"], "60");
     }
 }

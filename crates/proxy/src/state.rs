@@ -979,6 +979,11 @@ impl TurnJudge {
         self
     }
 
+    /// The request's credentials, taken out of what the upstream says back.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
     /// The call to withhold and the tool result to answer it with, when the upstream's answer
     /// was a lone repeated call under `chance_then_break` and no second chance was given yet.
     pub fn second_chance(&mut self) -> Option<(CallIn, String)> {
