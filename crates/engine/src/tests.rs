@@ -1476,40 +1476,6 @@ fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
     assert_eq!(first_flag(&|_| "Please continue.".to_owned()), Some(6));
 }
 
-/// A framework's fixed prompt sent before every step (the same words each time) is no new
-/// instruction: varied calls failing the same way between such prompts are a loop. Messages
-/// that differ are a person's, and each sets the calls before it aside.
-#[test]
-fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
-    let failing_greps = |prompt: &dyn Fn(usize) -> String| {
-        let mut h = H::default();
-        let mut flagged = false;
-        for (i, cmd) in [
-            "grep -r RST src/",
-            "grep -r RST src/io/",
-            "grep -H RST src/io/*.py",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            h.user(&prompt(i), false);
-            let (c, r) = h.bash(cmd, "grep: src/: No such file or directory", true);
-            flagged |= !c.is_allow() || !r.is_allow();
-        }
-        flagged
-    };
-    let fixed = "Determine exactly one command to use based on the progress so far, and respond \
-                 using the JSON schema specified previously:";
-    assert!(
-        failing_greps(&|_| fixed.to_owned()),
-        "the same prompt each step"
-    );
-    assert!(
-        !failing_greps(&|i| format!("{fixed} (step {})", ["one", "two", "three"][i])),
-        "messages that differ"
-    );
-}
-
 #[test]
 fn repeated_turns_are_text_repeat() {
     let mut h = H::default();

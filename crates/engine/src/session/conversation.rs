@@ -82,11 +82,7 @@ impl Session {
 
     pub(super) fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
         let user = &self.rules.config.user;
-        // The same words as the last message judged a person's: a framework's fixed prompt
-        // sent with every step, or a person saying again what changed nothing.
-        let digest = crate::hash::hash_str(u.text.trim()) | 1;
-        let again = digest == self.last_user;
-        if u.injected || again || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
+        if u.injected || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
             // A reply rejecting a turn without a tool call: the same one as the last such
             // reply counts towards `monologue.same_reply_threshold`.
             let rejects = &self.rules.config.detectors.monologue.reject_patterns;
@@ -105,7 +101,6 @@ impl Session {
             }
             return Verdict::allow();
         }
-        self.last_user = digest;
         if let Some(text) = &mut self.text {
             text.end_turn();
         }
@@ -148,7 +143,6 @@ impl Session {
         self.user_seq = 0;
         self.user_turn = UserTurn::Open;
         self.files.clear();
-        self.last_user = 0;
         if let Some(m) = self.group.as_deref_mut() {
             m.loops.clear();
         }
