@@ -2,7 +2,8 @@
 
 //! `loopctl simulate`, run as the real binary, on one looping conversation recorded in every
 //! shape agents write (tests/fixtures/formats/, synthetic): OpenAI chat completions, an OpenAI
-//! Responses request body, a Codex rollout, Gemini contents and a Claude Code session. Each
+//! Responses request body, a Codex rollout, Gemini contents, a Gemini CLI session file and a
+//! Claude Code session. Each
 //! must show the same interventions as the chat shape, at the same events.
 
 use serde_json::Value;
@@ -45,6 +46,7 @@ fn every_shape_of_one_looping_conversation_gets_the_same_interventions() {
         "loop-responses.json",
         "loop-codex-rollout.jsonl",
         "loop-gemini.json",
+        "loop-gemini-cli.json",
         "loop-claude-code.jsonl",
     ] {
         let (code, found) = interventions(file);
@@ -59,6 +61,7 @@ fn the_timeline_names_each_shape() {
         ("loop-openai-chat.json", "chat messages"),
         ("loop-responses.json", "chat messages"),
         ("loop-gemini.json", "Gemini contents"),
+        ("loop-gemini-cli.json", "Gemini CLI session"),
         ("loop-claude-code.jsonl", "Claude Code session"),
     ] {
         let out = loopctl()

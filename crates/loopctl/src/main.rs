@@ -130,8 +130,9 @@ enum Command {
     /// Transcripts are loopguard event JSON Lines, OpenAI chat-completions messages (an array,
     /// JSON Lines, or a request body with `messages`), Anthropic messages, OpenAI Responses
     /// items (an array, JSON Lines, a request body with `input`, a response with `output`, or
-    /// a Codex rollout), Gemini contents (an array, JSON Lines, or a body with `contents`) or a
-    /// Claude Code session (JSON Lines), detected from the content. The policy's plugins are loaded and run beside the built-in detectors (their
+    /// a Codex rollout), Gemini contents (an array, JSON Lines, or a body with `contents`), a
+    /// Gemini CLI session file or a Claude Code session (JSON Lines), detected from the
+    /// content. The policy's plugins are loaded and run beside the built-in detectors (their
     /// detections show under the plugin's name). Transcripts are read whole, up to 64 MiB each
     /// (policies: 1 MiB); only regular files are read. Exit status: 0 when the policy never
     /// intervened, 3 when it did, 1 on bad input (a malformed transcript or policy, a plugin that

@@ -18,6 +18,9 @@
 //!
 //! The SDKs' snake_case spellings (`function_call`, `function_response`, `inline_data`, …) are
 //! read as well.
+//!
+//! Gemini CLI's own session files (`{"sessionId", "messages": [{"type": "user" | "gemini",
+//! "content", "toolCalls", "thoughts"}]}`) are read by [`read_cli_session`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -263,6 +266,176 @@ fn response_text(response: &Value) -> (String, bool) {
     }
 }
 
+// --- Gemini CLI session files -------------------------------------------------------------------
+
+/// Record types of a Gemini CLI session file that are notes of the CLI, not the conversation.
+const CLI_NOTES: &[&str] = &["info", "error", "warning"];
+
+/// Whether a list element is a record of a Gemini CLI session file
+/// (`~/.gemini/tmp/<project>/chats/session-*.json`: `{"sessionId", "messages": [...]}`): a
+/// `type` of `user` or `gemini` (or a note) and no `role`.
+pub(crate) fn is_cli_record(v: &Value) -> bool {
+    v.get("role").is_none()
+        && v.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t == "user" || t == "gemini" || CLI_NOTES.contains(&t))
+}
+
+/// Reads the records of a Gemini CLI session file, each with its line: a `user` record is a
+/// user message, a `gemini` record an assistant message (its `thoughts` reasoning, its
+/// `content` text, its `toolCalls` calls) followed by the results its tool calls recorded
+/// (`result`: `functionResponse` parts; `status: "error"` marks a failure); `info`, `error`
+/// and `warning` records are the CLI's notes and are skipped.
+pub(crate) fn read_cli_session(records: &[(Line, &Value)]) -> Result<Vec<Item>, BadInput> {
+    let mut reader = Reader::new(Mode::Strict);
+    let mut calls = Calls::default();
+    for &(line, record) in records {
+        for message in cli_messages(line, record, &mut calls)? {
+            reader.message(line, &message)?;
+        }
+    }
+    Ok(reader.finish())
+}
+
+fn cli_messages(line: Line, record: &Value, calls: &mut Calls) -> Result<Vec<Value>, BadInput> {
+    let Value::Object(obj) = record else {
+        return Err(BadInput::at(line, "a session record must be a JSON object"));
+    };
+    let ty = match obj.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        _ => return Err(BadInput::at(line, "a session record needs a string `type`")),
+    };
+    let text = parts_text(obj.get("content").unwrap_or(&Value::Null))
+        .ok_or_else(|| BadInput::at(line, "`content` must be a string or a list of parts"))?;
+    match ty {
+        "user" => Ok(if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![json!({"role": "user", "content": text})]
+        }),
+        "gemini" => {
+            let mut reasoning = Vec::new();
+            match obj.get("thoughts") {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(thoughts)) => {
+                    for t in thoughts {
+                        for key in ["subject", "description"] {
+                            if let Some(Value::String(s)) = t.get(key) {
+                                reasoning.push(s.as_str());
+                            }
+                        }
+                    }
+                }
+                Some(_) => return Err(BadInput::at(line, "`thoughts` must be an array")),
+            }
+            let records = match obj.get("toolCalls") {
+                None | Some(Value::Null) => &[][..],
+                Some(Value::Array(c)) => c.as_slice(),
+                Some(_) => return Err(BadInput::at(line, "`toolCalls` must be an array")),
+            };
+            let mut tool_calls = Vec::new();
+            let mut results = Vec::new();
+            for (k, call) in records.iter().enumerate() {
+                let at = |what: &str| BadInput::at(line, format!("toolCalls[{k}]: {what}"));
+                let (id, name) = id_and_name(call, "toolCall").map_err(|e| at(&e))?;
+                let arguments = match call.get("args") {
+                    None | Some(Value::Null) => json!({}),
+                    Some(v @ (Value::Object(_) | Value::String(_))) => v.clone(),
+                    Some(_) => return Err(at("`args` must be an object")),
+                };
+                let id = calls.call(id, name);
+                // The record carries its own result: the call is answered here.
+                calls.open.remove(&id);
+                tool_calls.push(json!({
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }));
+                let failed = call.get("status").and_then(Value::as_str) == Some("error");
+                match call.get("result") {
+                    None | Some(Value::Null) => {}
+                    Some(result) => {
+                        let (output, error) = result_text(result)
+                            .ok_or_else(|| at("`result` must be a string or a list of parts"))?;
+                        results.push(json!({
+                            "role": "tool",
+                            "tool_call_id": id,
+                            "content": output,
+                            "is_error": error || failed,
+                        }));
+                    }
+                }
+            }
+            let mut m = json!({"role": "assistant", "content": text});
+            if !tool_calls.is_empty() {
+                m["tool_calls"] = Value::Array(tool_calls);
+            }
+            if !reasoning.is_empty() {
+                m["reasoning"] = Value::String(reasoning.join("\n"));
+            }
+            let mut out = vec![m];
+            out.extend(results);
+            Ok(out)
+        }
+        t if CLI_NOTES.contains(&t) => Ok(Vec::new()),
+        other => Err(BadInput::at(
+            line,
+            format!("unknown record type `{other}`; expected user, gemini, info, error or warning"),
+        )),
+    }
+}
+
+/// The text of a string, a part, or a list of parts (text parts only); `None` for any other
+/// value.
+fn parts_text(v: &Value) -> Option<String> {
+    match v {
+        Value::Null => Some(String::new()),
+        Value::String(s) => Some(s.clone()),
+        Value::Object(part) => Some(
+            part.get("text")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| match p {
+                    Value::String(s) => Some(s.as_str()),
+                    _ => p.get("text").and_then(Value::as_str),
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// A recorded tool result's text and failure flag: its `functionResponse` parts' responses
+/// and its text parts, in order.
+fn result_text(v: &Value) -> Option<(String, bool)> {
+    let parts = match v {
+        Value::String(s) => return Some((s.clone(), false)),
+        Value::Object(_) => std::slice::from_ref(v),
+        Value::Array(parts) => parts.as_slice(),
+        _ => return None,
+    };
+    let mut texts = Vec::new();
+    let mut error = false;
+    for p in parts {
+        if let Some(fr) = p
+            .get("functionResponse")
+            .or_else(|| p.get("function_response"))
+        {
+            let (t, e) = response_text(fr.get("response").unwrap_or(&Value::Null));
+            texts.push(t);
+            error |= e;
+        } else if let Some(t) = p.as_str().or_else(|| p.get("text").and_then(Value::as_str)) {
+            texts.push(t.to_owned());
+        }
+    }
+    Some((texts.join("\n"), error))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -500,6 +673,61 @@ mod tests {
             let e = parse(text).unwrap_err();
             assert_eq!(e.line, line, "{text}: {e:?}");
             assert!(e.message.contains(needle), "{text}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_gemini_cli_session_file_reads_as_the_same_conversation() {
+        let session = r#"{"sessionId": "s", "projectHash": "h", "startTime": "t", "lastUpdated": "t", "messages": [
+{"id": "1", "timestamp": "t", "type": "user", "content": "list files"},
+{"id": "2", "timestamp": "t", "type": "gemini", "content": "Listing.", "thoughts": [{"subject": "look", "description": "", "timestamp": "t"}],
+ "toolCalls": [
+  {"id": "ls-1", "name": "ls", "args": {}, "status": "success", "result": [{"functionResponse": {"id": "ls-1", "name": "ls", "response": {"output": "a b"}}}]},
+  {"id": "ls-2", "name": "ls", "args": {"path": "src"}, "status": "error", "result": [{"functionResponse": {"id": "ls-2", "name": "ls", "response": {"error": "no src"}}}]}]},
+{"id": "3", "timestamp": "t", "type": "info", "content": "Request cancelled."},
+{"id": "4", "timestamp": "t", "type": "gemini", "content": "done"}
+]}"#;
+        let t = parse(session).unwrap();
+        assert_eq!(t.format, Format::GeminiCli);
+        assert_eq!(
+            kinds(&t.items),
+            [
+                "user", "text", "text", "call", "call", "result", "result", "text"
+            ]
+        );
+        assert!(
+            matches!(&t.items[6].kind, Kind::Result { id, output, error: true, .. } if id == "ls-2" && output == "no src")
+        );
+        assert_eq!(t.items[7].line, 8);
+        for (bad, needle) in [
+            (
+                r#"{"type": "gemini", "toolCalls": {}}"#,
+                "`toolCalls` must be an array",
+            ),
+            (
+                r#"{"type": "gemini", "toolCalls": [{"args": {}}]}"#,
+                "toolCalls[0]: `toolCall.name`",
+            ),
+            (
+                r#"{"type": "gemini", "toolCalls": [{"name": "a", "args": 3}]}"#,
+                "`args` must be an object",
+            ),
+            (
+                r#"{"type": "gemini", "toolCalls": [{"name": "a", "result": 3}]}"#,
+                "`result` must be",
+            ),
+            (r#"{"type": "user", "content": 3}"#, "`content` must be"),
+            (
+                r#"{"type": "model", "content": "x"}"#,
+                "unknown record type `model`",
+            ),
+        ] {
+            let text = format!(
+                "{{\"messages\": [\n{{\"type\": \"user\", \"content\": \"go\"}},\n{bad}\n]}}"
+            );
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.line, 3, "{bad}: {e:?}");
+            assert!(e.message.contains(needle), "{bad}: {}", e.message);
         }
     }
 

@@ -23,7 +23,9 @@
 //! - **Gemini contents** (Gemini CLI, google-genai): an array of `{"role", "parts"}` contents,
 //!   the same as JSON Lines, or a request body with `contents`; `functionCall` and
 //!   `functionResponse` parts are calls and results, paired by `id`, else with the oldest
-//!   unanswered call of the same name (`gemini.rs`).
+//!   unanswered call of the same name (`gemini.rs`). Gemini CLI's session files (an object
+//!   with `messages` of `user` and `gemini` records, whose `toolCalls` carry their results)
+//!   are read too.
 //! - **Claude Code sessions**: JSON Lines whose `user` and `assistant` lines hold Anthropic
 //!   messages; bookkeeping lines (`summary`, `system`, `file-history-snapshot`, …) are
 //!   skipped, and the several lines of one streamed message are one message
@@ -85,6 +87,8 @@ pub enum Format {
     Gemini,
     /// A Claude Code session (JSON Lines of `user`, `assistant` and bookkeeping lines).
     ClaudeCode,
+    /// A Gemini CLI session file (an object with `messages` of `user` and `gemini` records).
+    GeminiCli,
 }
 
 impl fmt::Display for Format {
@@ -94,6 +98,7 @@ impl fmt::Display for Format {
             Format::Messages => "chat messages",
             Format::Gemini => "Gemini contents",
             Format::ClaudeCode => "Claude Code session",
+            Format::GeminiCli => "Gemini CLI session",
         })
     }
 }
@@ -676,6 +681,12 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
     let items = if values.iter().any(|(_, v)| messages::is_responses_item(v)) {
         let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
         messages::read_responses_items(&positioned, messages::Mode::Strict)?
+    } else if values.iter().any(|(_, v)| gemini::is_cli_record(v)) {
+        let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+        return Ok(Transcript {
+            format: Format::GeminiCli,
+            items: gemini::read_cli_session(&positioned)?,
+        });
     } else if values.iter().any(|(_, v)| gemini::is_content(v)) {
         let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
         return Ok(Transcript {
