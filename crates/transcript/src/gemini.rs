@@ -14,7 +14,8 @@
 //!   call its `id` names, else the oldest unanswered call of the same name, else nothing (it
 //!   is kept as a result of its own id, like any result that names no call);
 //! - `inlineData`, `fileData`, `executableCode` and `codeExecutionResult` parts (code the
-//!   server ran) are passed over; any other part is an error naming its line.
+//!   server ran) are passed over, as are parts holding only metadata (a `thoughtSignature`);
+//!   any other part is an error naming its line.
 //!
 //! The SDKs' snake_case spellings (`function_call`, `function_response`, `inline_data`, …) are
 //! read as well.
@@ -45,6 +46,17 @@ const SKIPPED_PARTS: &[&str] = &[
     "executable_code",
     "codeExecutionResult",
     "code_execution_result",
+];
+
+/// Keys a part may carry beside its data; a part with nothing else says nothing.
+const PART_METADATA: &[&str] = &[
+    "thought",
+    "thoughtSignature",
+    "thought_signature",
+    "videoMetadata",
+    "video_metadata",
+    "partMetadata",
+    "part_metadata",
 ];
 
 /// Reads Gemini contents, each with its line.
@@ -195,7 +207,9 @@ fn messages(line: Line, content: &Value, calls: &mut Calls) -> Result<Vec<Value>
                 "content": output,
                 "is_error": error,
             }));
-        } else if !SKIPPED_PARTS.iter().any(|k| part.contains_key(*k)) {
+        } else if !SKIPPED_PARTS.iter().any(|k| part.contains_key(*k))
+            && !part.keys().all(|k| PART_METADATA.contains(&k.as_str()))
+        {
             return Err(at(
                 "unknown part; expected `text`, `functionCall`, `functionResponse`, `inlineData`, `fileData`, `executableCode` or `codeExecutionResult`",
             ));
@@ -571,7 +585,7 @@ mod tests {
     #[test]
     fn snake_case_parts_and_string_args_are_read() {
         let t = parse(
-            r#"[{"role":"model","parts":[{"function_call":{"name":"bash","args":"{\"command\": \"ls\"}"}},{"inline_data":{"mime_type":"image/png","data":""}}]},
+            r#"[{"role":"model","parts":[{"function_call":{"name":"bash","args":"{\"command\": \"ls\"}"}},{"inline_data":{"mime_type":"image/png","data":""}},{"thoughtSignature":"c2ln"}]},
 {"role":"tool","parts":[{"function_response":{"name":"bash","response":{"stdout":"x"}}}]}]"#,
         )
         .unwrap();

@@ -670,40 +670,29 @@ impl Turns {
 
 // --- chat messages and Responses items ------------------------------------------------------------
 
+/// A list of chat messages, Responses items, Gemini contents or Gemini CLI records: the first
+/// element of one of the latter shapes decides for the whole list.
 fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
-    let mut lines = Lines::new(text);
-    let mut values = Vec::with_capacity(raw.len());
-    for r in raw {
-        let line = lines.of(r.get());
-        let value: Value = serde_json::from_str(r.get()).map_err(|e| BadInput::json(&e, line))?;
-        values.push((line, value));
-    }
-    let items = if values.iter().any(|(_, v)| messages::is_responses_item(v)) {
-        let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
-        messages::read_responses_items(&positioned, messages::Mode::Strict)?
-    } else if values.iter().any(|(_, v)| gemini::is_cli_record(v)) {
-        let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
-        return Ok(Transcript {
-            format: Format::GeminiCli,
-            items: gemini::read_cli_session(&positioned)?,
-        });
-    } else if values.iter().any(|(_, v)| gemini::is_content(v)) {
-        let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
-        return Ok(Transcript {
-            format: Format::Gemini,
-            items: gemini::read(&positioned)?,
-        });
+    let values = positioned(text, raw)?;
+    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+    let any = |shape: fn(&Value) -> bool| values.iter().any(|(_, v)| shape(v));
+    let (format, items) = if any(messages::is_responses_item) {
+        (
+            Format::Messages,
+            messages::read_responses_items(&refs, messages::Mode::Strict)?,
+        )
+    } else if any(gemini::is_cli_record) {
+        (Format::GeminiCli, gemini::read_cli_session(&refs)?)
+    } else if any(gemini::is_content) {
+        (Format::Gemini, gemini::read(&refs)?)
     } else {
         let mut reader = messages::Reader::new(messages::Mode::Strict);
-        for (line, value) in &values {
-            reader.message(*line, value)?;
+        for &(line, value) in &refs {
+            reader.message(line, value)?;
         }
-        reader.finish()
+        (Format::Messages, reader.finish())
     };
-    Ok(Transcript {
-        format: Format::Messages,
-        items,
-    })
+    Ok(Transcript { format, items })
 }
 
 /// Each list element with its line, parsed.
