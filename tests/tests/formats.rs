@@ -55,6 +55,44 @@ fn every_shape_of_one_looping_conversation_gets_the_same_interventions() {
     }
 }
 
+/// `loopctl test` judges cases in the new shapes: an expect block beside a Gemini body's
+/// `contents`, and a sidecar beside a Claude Code session.
+#[test]
+fn cases_in_the_new_shapes_are_judged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fixtures = root().join("tests/fixtures/formats");
+    let expect = serde_json::json!({"loop": true, "unit": "call", "earliest": 3, "latest": 5});
+    let mut body: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures.join("loop-gemini.json")).expect("fixture"),
+    )
+    .expect("JSON");
+    body["expect"] = expect.clone();
+    std::fs::write(dir.path().join("gemini.json"), body.to_string()).expect("write");
+    std::fs::copy(
+        fixtures.join("loop-claude-code.jsonl"),
+        dir.path().join("claude.jsonl"),
+    )
+    .expect("copy");
+    std::fs::write(
+        dir.path().join("claude.expect.json"),
+        serde_json::json!({ "expect": expect }).to_string(),
+    )
+    .expect("write");
+    let out = loopctl()
+        .args(["test", "--json"])
+        .arg(dir.path())
+        .output()
+        .expect("run loopctl");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let passed = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["outcome"] == "pass" && v["at"] == 4)
+        .count();
+    assert_eq!(passed, 2, "{stdout}");
+}
+
 #[test]
 fn the_timeline_names_each_shape() {
     for (file, format) in [

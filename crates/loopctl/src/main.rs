@@ -167,9 +167,9 @@ enum Command {
     /// loop and where the policy must first intervene.
     ///
     /// A case is a transcript in any format `simulate` reads plus an `expect` block
-    /// (`{"loop": true, "unit": "call", "earliest": 3, "latest": 4}`): beside `messages` in the
-    /// same JSON object, or in a sidecar NAME.expect.json next to NAME.json / NAME.jsonl (the
-    /// schema: `loopctl schema --test-case`). Each case is replayed exactly as `simulate` replays
+    /// (`{"loop": true, "unit": "call", "earliest": 3, "latest": 4}`): beside `messages` (or a
+    /// body's `input` or `contents`) in the same JSON object, or in a sidecar NAME.expect.json
+    /// next to NAME.json / NAME.jsonl (the schema: `loopctl schema --test-case`). Each case is replayed exactly as `simulate` replays
     /// it, and its first intervention judged: PASS, EARLY, LATE, MISSED, FALSE ALARM, HARD FALSE
     /// ALARM (a block or terminate on a non-loop case).
     ///
