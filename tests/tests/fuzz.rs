@@ -339,6 +339,13 @@ fn fuzz_the_transcript_reader() {
             "\"name\": ",
             "\"session\": ",
             "\"call_id\": ",
+            "\"parts\": [",
+            "\"functionCall\": {",
+            "\"functionResponse\": {",
+            "\"message\": {",
+            "\"type\": \"assistant\"",
+            "\"type\": \"function_call_output\"",
+            "\"payload\": ",
         ],
         run: |input| {
             if let Ok(text) = std::str::from_utf8(input) {

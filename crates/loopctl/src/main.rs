@@ -128,7 +128,10 @@ enum Command {
     /// Replay recorded conversations through a policy and show where and why it intervenes.
     ///
     /// Transcripts are loopguard event JSON Lines, OpenAI chat-completions messages (an array,
-    /// JSON Lines, or a request body with `messages`) or Anthropic messages, detected from the
+    /// JSON Lines, or a request body with `messages`), Anthropic messages, OpenAI Responses
+    /// items (an array, JSON Lines, a request body with `input`, a response with `output`, or
+    /// a Codex rollout), Gemini contents (an array, JSON Lines, or a body with `contents`), a
+    /// Gemini CLI session file or a Claude Code session (JSON Lines), detected from the
     /// content. The policy's plugins are loaded and run beside the built-in detectors (their
     /// detections show under the plugin's name). Transcripts are read whole, up to 64 MiB each
     /// (policies: 1 MiB); only regular files are read. Exit status: 0 when the policy never
@@ -164,9 +167,9 @@ enum Command {
     /// loop and where the policy must first intervene.
     ///
     /// A case is a transcript in any format `simulate` reads plus an `expect` block
-    /// (`{"loop": true, "unit": "call", "earliest": 3, "latest": 4}`): beside `messages` in the
-    /// same JSON object, or in a sidecar NAME.expect.json next to NAME.json / NAME.jsonl (the
-    /// schema: `loopctl schema --test-case`). Each case is replayed exactly as `simulate` replays
+    /// (`{"loop": true, "unit": "call", "earliest": 3, "latest": 4}`): beside `messages` (or a
+    /// body's `input` or `contents`) in the same JSON object, or in a sidecar NAME.expect.json
+    /// next to NAME.json / NAME.jsonl (the schema: `loopctl schema --test-case`). Each case is replayed exactly as `simulate` replays
     /// it, and its first intervention judged: PASS, EARLY, LATE, MISSED, FALSE ALARM, HARD FALSE
     /// ALARM (a block or terminate on a non-loop case).
     ///

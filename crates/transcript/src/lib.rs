@@ -1,6 +1,6 @@
 //! Recorded conversations, read into one list of events.
 //!
-//! Three formats are recognised from the content, not the file name:
+//! These formats are recognised from the content, not the file name:
 //!
 //! - **loopguard events**: JSON Lines, one event object per line with a `type` of `call`,
 //!   `result`, `text`, `user` or `reset`; blank lines and lines starting with `//` are skipped.
@@ -10,10 +10,32 @@
 //!   request body (an object with a `messages` array; its other keys are ignored).
 //! - **Anthropic messages**: the same shapes, with `tool_use` / `tool_result` content blocks.
 //!   OpenAI and Anthropic messages may be mixed; each message is read by its own shape.
+//! - **OpenAI Responses items** (Codex and other Responses clients): a JSON array of items, the
+//!   same as JSON Lines, a request body with `input` (a string or a list of items), a response
+//!   object with an `output` list, or a record with both (the input, then the output).
+//!   `message` items (and items with a `role` and no `type`), `function_call`,
+//!   `custom_tool_call` (its raw `input` text) and `local_shell_call` (its `action`) are
+//!   calls and text, `function_call_output` and its kin their results; `reasoning` summaries
+//!   are reasoning; calls of tools the server runs (web search, file search, …) are skipped.
+//!   A run of output items is one assistant message ([`messages`]). A Codex session rollout
+//!   (JSON Lines of `{"type": "response_item", "payload": <item>}`) is read the same way, its
+//!   other lines (`session_meta`, `turn_context`, `event_msg`, `compacted`) skipped.
+//! - **Gemini contents** (Gemini CLI, google-genai): an array of `{"role", "parts"}` contents,
+//!   the same as JSON Lines, or a request body with `contents`; `functionCall` and
+//!   `functionResponse` parts are calls and results, paired by `id`, else with the oldest
+//!   unanswered call of the same name (`gemini.rs`). Gemini CLI's session files (an object
+//!   with `messages` of `user` and `gemini` records, whose `toolCalls` carry their results)
+//!   are read too.
+//! - **Claude Code sessions**: JSON Lines whose `user` and `assistant` lines hold Anthropic
+//!   messages; bookkeeping lines (`summary`, `system`, `file-history-snapshot`, …) are
+//!   skipped, and the several lines of one streamed message are one message
+//!   (`claude_code.rs`).
 //!
 //! Messages carry no time; each event is placed one second after the previous one unless the
 //! message has a numeric `time` (seconds). Tool-call arguments that are not valid JSON are kept
-//! as raw text.
+//! as raw text. A result whose id names no call is kept as it is (a transcript may start after
+//! its calls). Every reader is linear in its input and nests no deeper than the JSON reader's
+//! depth limit (128), so hostile input is an error naming its line, never a crash.
 //!
 //! ```
 //! use loopguard_transcript::{Format, Kind, parse};
@@ -37,6 +59,8 @@
 
 #![warn(missing_docs)]
 
+mod claude_code;
+mod gemini;
 pub mod messages;
 mod py_literal;
 pub mod replay;
@@ -56,8 +80,15 @@ pub type Line = usize;
 pub enum Format {
     /// loopguard events, one JSON object per line.
     Events,
-    /// OpenAI or Anthropic chat messages (an array, JSON Lines or a request body).
+    /// OpenAI or Anthropic chat messages or OpenAI Responses items (an array, JSON Lines or a
+    /// request body).
     Messages,
+    /// Gemini contents (an array, JSON Lines or a request body with `contents`).
+    Gemini,
+    /// A Claude Code session (JSON Lines of `user`, `assistant` and bookkeeping lines).
+    ClaudeCode,
+    /// A Gemini CLI session file (an object with `messages` of `user` and `gemini` records).
+    GeminiCli,
 }
 
 impl fmt::Display for Format {
@@ -65,6 +96,9 @@ impl fmt::Display for Format {
         f.write_str(match self {
             Format::Events => "loopguard events",
             Format::Messages => "chat messages",
+            Format::Gemini => "Gemini contents",
+            Format::ClaudeCode => "Claude Code session",
+            Format::GeminiCli => "Gemini CLI session",
         })
     }
 }
@@ -256,6 +290,10 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
     }
     // A Responses request body: an object with `input` (a list of items, or a string).
     if let Ok(doc) = serde_json::from_str::<ResponsesBody<'_>>(text) {
+        if let Ok(output) = serde_json::from_str::<Output<'_>>(text) {
+            // A record of a request and its response: the input, then the output.
+            return input_and_output(text, doc.input, &output.output);
+        }
         let input: Value =
             serde_json::from_str(doc.input.get()).map_err(|e| BadInput::json(&e, 1))?;
         if let Value::Array(list) = &input {
@@ -270,10 +308,38 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
             items: messages::read_responses_input(&input, messages::Mode::Strict)?,
         });
     }
+    // A Gemini request body: an object with `contents`.
+    if let Ok(doc) = serde_json::from_str::<GeminiBody<'_>>(text) {
+        let Ok(contents) = serde_json::from_str::<Vec<&RawValue>>(doc.contents.get()) else {
+            return Err(BadInput::at(
+                Lines::new(text).of(doc.contents.get()),
+                "`contents` must be an array of contents",
+            ));
+        };
+        return gemini_contents(text, &contents);
+    }
+    // A Responses response object: an object with an `output` list of items.
+    if let Ok(doc) = serde_json::from_str::<Output<'_>>(text)
+        && doc.kind.is_none()
+    {
+        return responses_items(text, &doc.output);
+    }
     // Otherwise JSON Lines; the first line says which kind.
     let first_value: Value =
         serde_json::from_str(first).map_err(|e| BadInput::json(&e, first_line))?;
-    if first_value.get("role").is_some() || messages::is_responses_item(&first_value) {
+    if is_codex_rollout_line(&first_value) {
+        return codex_rollout(text);
+    }
+    if claude_code::is_session_line(&first_value) {
+        return Ok(Transcript {
+            format: Format::ClaudeCode,
+            items: claude_code::read(text)?,
+        });
+    }
+    if first_value.get("role").is_some()
+        || messages::is_responses_item(&first_value)
+        || gemini::is_content(&first_value)
+    {
         let mut raw = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let t = line.trim();
@@ -306,6 +372,22 @@ struct Body<'a> {
 struct ResponsesBody<'a> {
     #[serde(borrow)]
     input: &'a RawValue,
+}
+
+/// A Responses response object (`"object": "response"`), or a record with its `output`.
+#[derive(serde::Deserialize)]
+struct Output<'a> {
+    #[serde(borrow)]
+    output: Vec<&'a RawValue>,
+    /// Set on objects that are something else: a loopguard event, a stream event.
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<&'a RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct GeminiBody<'a> {
+    #[serde(borrow)]
+    contents: &'a RawValue,
 }
 
 /// Finds the 1-based lines where slices of a text start, for slices taken in order: each call
@@ -588,7 +670,33 @@ impl Turns {
 
 // --- chat messages and Responses items ------------------------------------------------------------
 
+/// A list of chat messages, Responses items, Gemini contents or Gemini CLI records: the first
+/// element of one of the latter shapes decides for the whole list.
 fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
+    let values = positioned(text, raw)?;
+    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+    let any = |shape: fn(&Value) -> bool| values.iter().any(|(_, v)| shape(v));
+    let (format, items) = if any(messages::is_responses_item) {
+        (
+            Format::Messages,
+            messages::read_responses_items(&refs, messages::Mode::Strict)?,
+        )
+    } else if any(gemini::is_cli_record) {
+        (Format::GeminiCli, gemini::read_cli_session(&refs)?)
+    } else if any(gemini::is_content) {
+        (Format::Gemini, gemini::read(&refs)?)
+    } else {
+        let mut reader = messages::Reader::new(messages::Mode::Strict);
+        for &(line, value) in &refs {
+            reader.message(line, value)?;
+        }
+        (Format::Messages, reader.finish())
+    };
+    Ok(Transcript { format, items })
+}
+
+/// Each list element with its line, parsed.
+fn positioned(text: &str, raw: &[&RawValue]) -> Result<Vec<(Line, Value)>, BadInput> {
     let mut lines = Lines::new(text);
     let mut values = Vec::with_capacity(raw.len());
     for r in raw {
@@ -596,19 +704,111 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
         let value: Value = serde_json::from_str(r.get()).map_err(|e| BadInput::json(&e, line))?;
         values.push((line, value));
     }
-    let items = if values.iter().any(|(_, v)| messages::is_responses_item(v)) {
-        let positioned: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
-        messages::read_responses_items(&positioned, messages::Mode::Strict)?
-    } else {
-        let mut reader = messages::Reader::new(messages::Mode::Strict);
-        for (line, value) in &values {
-            reader.message(*line, value)?;
+    Ok(values)
+}
+
+/// Line types of a Codex session rollout (`~/.codex/sessions/…/rollout-*.jsonl`).
+const CODEX_LINES: &[&str] = &[
+    "session_meta",
+    "response_item",
+    "turn_context",
+    "event_msg",
+    "compacted",
+];
+
+fn is_codex_rollout_line(v: &Value) -> bool {
+    v.get("payload").is_some()
+        && v.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| CODEX_LINES.contains(&t))
+}
+
+/// A Codex rollout: the `payload` of each `response_item` line is a Responses item; the other
+/// lines (session metadata, turn settings, UI events that repeat the items, compaction marks)
+/// are skipped.
+fn codex_rollout(text: &str) -> Result<Transcript, BadInput> {
+    let mut values = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("//") {
+            continue;
         }
-        reader.finish()
-    };
+        let v: Value = serde_json::from_str(t).map_err(|e| BadInput::json(&e, n))?;
+        let Value::Object(mut obj) = v else {
+            return Err(BadInput::at(n, "a rollout line must be a JSON object"));
+        };
+        match obj.get("type") {
+            Some(Value::String(ty)) if ty == "response_item" => {}
+            Some(Value::String(_)) => continue,
+            _ => return Err(BadInput::at(n, "a rollout line needs a string `type`")),
+        }
+        match obj.remove("payload") {
+            Some(item @ Value::Object(_)) => values.push((n, item)),
+            _ => {
+                return Err(BadInput::at(
+                    n,
+                    "a `response_item` line needs a `payload` object",
+                ));
+            }
+        }
+    }
+    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
     Ok(Transcript {
         format: Format::Messages,
-        items,
+        items: messages::read_responses_items(&refs, messages::Mode::Strict)?,
+    })
+}
+
+fn gemini_contents(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
+    let values = positioned(text, raw)?;
+    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+    Ok(Transcript {
+        format: Format::Gemini,
+        items: gemini::read(&refs)?,
+    })
+}
+
+fn responses_items(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
+    let values = positioned(text, raw)?;
+    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+    Ok(Transcript {
+        format: Format::Messages,
+        items: messages::read_responses_items(&refs, messages::Mode::Strict)?,
+    })
+}
+
+/// A Responses request's `input` (a string or a list of items) followed by its response's
+/// `output` items.
+fn input_and_output(
+    text: &str,
+    input: &RawValue,
+    output: &[&RawValue],
+) -> Result<Transcript, BadInput> {
+    let mut values = match serde_json::from_str::<Value>(input.get()) {
+        Ok(Value::String(s)) => vec![(
+            Lines::new(text).of(input.get()),
+            serde_json::json!({"role": "user", "content": s}),
+        )],
+        Ok(Value::Null) => Vec::new(),
+        Ok(Value::Array(_)) => {
+            let raw: Vec<&RawValue> =
+                serde_json::from_str(input.get()).map_err(|e| BadInput::json(&e, 1))?;
+            positioned(text, &raw)?
+        }
+        Ok(_) => {
+            return Err(BadInput::at(
+                Lines::new(text).of(input.get()),
+                "`input` must be a string or a list of items",
+            ));
+        }
+        Err(e) => return Err(BadInput::json(&e, Lines::new(text).of(input.get()))),
+    };
+    values.extend(positioned(text, output)?);
+    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+    Ok(Transcript {
+        format: Format::Messages,
+        items: messages::read_responses_items(&refs, messages::Mode::Strict)?,
     })
 }
 
@@ -821,6 +1021,167 @@ mod tests {
         assert!(parse("").is_err());
         assert!(parse("hello").is_err());
         assert!(parse("[1, 2").is_err());
+    }
+
+    const RESPONSES_ITEMS: &[&str] = &[
+        r#"{"role":"user","content":"list files"}"#,
+        r#"{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"look"}]}"#,
+        r#"{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Listing."}]}"#,
+        r#"{"type":"function_call","call_id":"c1","name":"ls","arguments":"{}"}"#,
+        r#"{"type":"custom_tool_call","call_id":"c2","name":"apply_patch","input":"*** Begin Patch"}"#,
+        r#"{"type":"local_shell_call","call_id":"c3","action":{"type":"exec","command":["ls","-la"]}}"#,
+        r#"{"type":"function_call_output","call_id":"c1","output":"a b"}"#,
+        r#"{"type":"custom_tool_call_output","call_id":"c2","output":[{"type":"input_text","text":"Done"}]}"#,
+        r#"{"type":"local_shell_call_output","call_id":"c3","output":"total 0"}"#,
+        r#"{"type":"message","role":"assistant","content":"done"}"#,
+    ];
+
+    fn strip(t: &Transcript) -> Vec<(u64, Kind)> {
+        t.items.iter().map(|i| (i.turn, i.kind.clone())).collect()
+    }
+
+    #[test]
+    fn responses_items_in_every_shape_read_the_same() {
+        let items = RESPONSES_ITEMS;
+        let array = format!("[\n{}\n]", items.join(",\n"));
+        let jsonl = items.join("\n");
+        let request = format!("{{\"model\":\"m\",\"input\":[\n{}\n]}}", items.join(",\n"));
+        let record = format!(
+            "{{\"input\":[\n{}\n],\n\"output\":[\n{}\n]}}",
+            items[..9].join(",\n"),
+            items[9]
+        );
+        let rollout: String = std::iter::once(
+            r#"{"timestamp":"t","type":"session_meta","payload":{"id":"s"}}"#.to_owned(),
+        )
+        .chain(
+            items
+                .iter()
+                .map(|i| format!(r#"{{"timestamp":"t","type":"response_item","payload":{i}}}"#)),
+        )
+        .chain([r#"{"type":"event_msg","payload":{"type":"token_count"}}"#.to_owned()])
+        .collect::<Vec<_>>()
+        .join("\n");
+        let a = parse(&array).unwrap();
+        assert_eq!(
+            kinds(&a),
+            [
+                "user", "text", "text", "call", "call", "call", "result", "result", "result",
+                "text"
+            ]
+        );
+        for text in [&jsonl, &request, &record, &rollout] {
+            let t = parse(text).unwrap();
+            assert_eq!(t.format, Format::Messages);
+            assert_eq!(strip(&t), strip(&a), "{text}");
+        }
+        // The custom tool's raw input and the shell call's action are the arguments.
+        assert!(
+            matches!(&a.items[4].kind, Kind::Call { tool, arguments: Args::Raw(r), .. } if tool == "apply_patch" && r == "*** Begin Patch")
+        );
+        assert!(
+            matches!(&a.items[5].kind, Kind::Call { tool, arguments: Args::Json(v), .. } if tool == "local_shell" && v["command"][1] == "-la")
+        );
+        assert!(matches!(&a.items[7].kind, Kind::Result { output, .. } if output == "Done"));
+        // Results keep their own lines; the rollout's lines count its first line.
+        assert_eq!(a.items[6].line, 8);
+        assert_eq!(parse(&rollout).unwrap().items[6].line, 8);
+        // A response object alone: its output items.
+        let response = format!(
+            "{{\"id\":\"resp_1\",\"object\":\"response\",\"output\":[{},{}]}}",
+            items[2], items[3]
+        );
+        assert_eq!(kinds(&parse(&response).unwrap()), ["text", "call"]);
+    }
+
+    #[test]
+    fn an_unpaired_responses_output_is_kept_as_a_result() {
+        let t = parse(
+            "[{\"type\":\"function_call_output\",\"call_id\":\"gone\",\"output\":\"x\"},\n{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"ls\",\"arguments\":\"{}\"}]",
+        )
+        .unwrap();
+        assert_eq!(kinds(&t), ["result", "call"]);
+        assert!(matches!(&t.items[0].kind, Kind::Result { id, .. } if id == "gone"));
+    }
+
+    #[test]
+    fn malformed_responses_items_name_their_line() {
+        let ok = r#"{"type":"message","role":"user","content":"go"}"#;
+        for (bad, needle) in [
+            (
+                r#"{"type":"function_call","call_id":"c","arguments":"{}"}"#,
+                "needs a string `name`",
+            ),
+            (
+                r#"{"type":"function_call","call_id":7,"name":"ls"}"#,
+                "needs a string `call_id`",
+            ),
+            (
+                r#"{"type":"function_call","call_id":"c","name":"ls","arguments":[1]}"#,
+                "must be JSON text",
+            ),
+            (
+                r#"{"type":"custom_tool_call","call_id":"c","name":"p","input":{"a":1}}"#,
+                "needs a string `input`",
+            ),
+            (
+                r#"{"type":"local_shell_call","call_id":"c"}"#,
+                "needs an `action` object",
+            ),
+            (
+                r#"{"type":"local_shell_call","call_id":"c","action":{"command":3}}"#,
+                "`action.command`",
+            ),
+            (
+                r#"{"type":"function_call_output","output":"x"}"#,
+                "needs a string `id`",
+            ),
+            (
+                r#"{"type":"function_call_output","call_id":"c","output":5}"#,
+                "`output` must be",
+            ),
+            (
+                r#"{"type":"message","role":"assistant","content":5}"#,
+                "`content` must be",
+            ),
+            (
+                r#"{"type":"message","role":"robot","content":"x"}"#,
+                "unknown role `robot`",
+            ),
+            (r#"{"type":"computer_says_no"}"#, "unknown input item type"),
+            ("7", "must be a JSON object"),
+        ] {
+            // The bad item follows an assistant item, so it is not the first of a run.
+            let text = format!(
+                "[\n{ok},\n{{\"type\":\"function_call\",\"call_id\":\"c0\",\"name\":\"ls\",\"arguments\":\"{{}}\"}},\n{bad}\n]"
+            );
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.line, 4, "{bad}: {e:?}");
+            assert!(e.message.contains(needle), "{bad}: {}", e.message);
+        }
+        let e = parse("{\"type\":\"session_meta\",\"payload\":{}}\n{\"type\":\"response_item\",\"payload\":3}\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("`payload` object"), "{}", e.message);
+    }
+
+    #[test]
+    fn deep_and_long_responses_items_stay_bounded() {
+        let deep = format!(
+            "{{\"input\":[{{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"a\",\"arguments\":{}1{}}}]}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert!(parse(&deep).is_err());
+        let n = 20_000;
+        let mut text = String::new();
+        for i in 0..n {
+            text.push_str(&format!(
+                "{{\"type\":\"function_call\",\"call_id\":\"c{i}\",\"name\":\"ls\",\"arguments\":\"{{}}\"}}\n{{\"type\":\"function_call_output\",\"call_id\":\"x{i}\",\"output\":\"\"}}\n"
+            ));
+        }
+        let start = std::time::Instant::now();
+        assert_eq!(parse(&text).unwrap().items.len(), 2 * n);
+        assert!(start.elapsed() < std::time::Duration::from_secs(20));
     }
 
     #[test]

@@ -197,6 +197,9 @@ fn responses_messages(
         if !assistant_side && let Some(r) = run.take() {
             out.push(r.into_message());
         }
+        if mode == Mode::Strict {
+            check_item(line, obj, ty)?;
+        }
         if assistant_side {
             let r = run.get_or_insert_with(|| AssistantRun::new(line));
             r.add(obj, ty.unwrap_or("message"));
@@ -232,6 +235,81 @@ fn responses_messages(
         out.push(r.into_message());
     }
     Ok(out)
+}
+
+/// Checks the fields of a Responses item that a recording must get right, at the item's own
+/// line (a run of output items is read as one message at the line of its first).
+fn check_item(line: Line, obj: &Map<String, Value>, ty: Option<&str>) -> Result<(), BadInput> {
+    let Some(ty) = ty else { return Ok(()) };
+    let string = |key: &str, required: bool| match obj.get(key) {
+        Some(Value::String(_)) => Ok(()),
+        None | Some(Value::Null) if !required => Ok(()),
+        _ => Err(BadInput::at(
+            line,
+            format!("a `{ty}` item needs a string `{key}`"),
+        )),
+    };
+    match ty {
+        "message" => match obj.get("content") {
+            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => Ok(()),
+            Some(_) => Err(BadInput::at(
+                line,
+                "a `message` item's `content` must be a string or an array of content parts",
+            )),
+        },
+        "function_call" | "custom_tool_call" => {
+            string("name", true)?;
+            if obj.get("call_id").is_some() {
+                string("call_id", true)?;
+            } else {
+                string("id", false)?;
+            }
+            if ty == "custom_tool_call" {
+                string("input", false)
+            } else {
+                match obj.get("arguments") {
+                    Some(Value::Array(_) | Value::Number(_) | Value::Bool(_)) => Err(BadInput::at(
+                        line,
+                        "a `function_call` item's `arguments` must be JSON text",
+                    )),
+                    _ => Ok(()),
+                }
+            }
+        }
+        "local_shell_call" => {
+            string("call_id", false)?;
+            match obj.get("action") {
+                Some(Value::Object(action)) => match action.get("command") {
+                    None | Some(Value::Array(_) | Value::String(_)) => Ok(()),
+                    Some(_) => Err(BadInput::at(
+                        line,
+                        "a `local_shell_call` item's `action.command` must be a list of words",
+                    )),
+                },
+                _ => Err(BadInput::at(
+                    line,
+                    "a `local_shell_call` item needs an `action` object",
+                )),
+            }
+        }
+        t if OUTPUT_ITEMS.contains(&t) => {
+            if obj.get("call_id").is_some() {
+                string("call_id", true)?;
+            } else {
+                string("id", true)?;
+            }
+            match obj.get("output") {
+                None | Some(Value::Null | Value::String(_) | Value::Array(_)) => Ok(()),
+                Some(_) => Err(BadInput::at(
+                    line,
+                    format!(
+                        "a `{ty}` item's `output` must be a string or an array of content parts"
+                    ),
+                )),
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Output items of one model turn, gathered into one assistant message.
