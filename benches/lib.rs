@@ -58,6 +58,49 @@ pub fn big_output(len: usize) -> String {
     out
 }
 
+/// A tool output of `len` bytes that mixes what coding agents read most: source lines, grep
+/// hits, doc comments, prose, test names and a directory listing. Few of its words start a
+/// mask (a listing's sizes and times, line numbers, counters in names), unlike
+/// [`big_output`]'s build log, where every line holds four.
+pub fn mixed_output(len: usize) -> String {
+    let mut out = String::with_capacity(len + 160);
+    let mut i = 0u64;
+    while out.len() < len {
+        let line = match i % 8 {
+            0 => format!(
+                "src/handlers/request_{}.rs:{}:    let body = parse_body(&request, limits.max_body)?;\n",
+                i % 17,
+                40 + i % 300
+            ),
+            1 => format!(
+                "    /// Validates the request before it reaches the store; see `validate_{}` for the rules.\n",
+                i % 23
+            ),
+            2 => "    if let Some(user) = session.user() { return Err(Error::Forbidden(user.id.clone())); }\n"
+                .to_owned(),
+            3 => format!("test handlers::tests::rejects_empty_body_{} ... ok\n", i % 41),
+            4 => "The handler validates the request and then calls the store, which answers with the saved record.\n"
+                .to_owned(),
+            5 => format!(
+                "-rw-r--r--  1 dev dev {:5} Mar  3 10:{:02} module_{}.py\n",
+                100 + (i * 37) % 9000,
+                i % 60,
+                i % 13
+            ),
+            6 => "    for (key, value) in headers.iter().filter(|(k, _)| !k.starts_with(\"x-\")) {\n"
+                .to_owned(),
+            _ => format!(
+                "        total += value.len() * {};  // bytes kept per header\n",
+                i % 7 + 1
+            ),
+        };
+        out.push_str(&line);
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
 /// An owned event for replaying long synthetic transcripts.
 #[derive(Debug, Clone)]
 pub enum Owned {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use loopguard_benches::{
-    args_len, big_output, default_engine, distinct_calls, replay, synthetic_transcript,
+    args_len, big_output, default_engine, distinct_calls, mixed_output, replay,
+    synthetic_transcript,
 };
 use loopguard_engine::store::{RedisConfig, RedisStore};
 use loopguard_engine::{Arguments, Call, Engine, Event, Settings, Text, ToolResult};
@@ -78,12 +79,18 @@ fn call_event(c: &mut Criterion) {
 fn result_event(c: &mut Criterion) {
     let calls = distinct_calls(64);
     let mut group = c.benchmark_group("observe");
-    for (size, name) in [
-        (1024, "result_event_1KiB_output"),
-        (64 * 1024, "result_event_64KiB_output"),
+    // The build log (every line four masks), then a mix of source, prose and listings.
+    for (size, name, make) in [
+        (
+            1024,
+            "result_event_1KiB_output",
+            big_output as fn(usize) -> String,
+        ),
+        (64 * 1024, "result_event_64KiB_output", big_output),
+        (64 * 1024, "result_event_64KiB_mixed_output", mixed_output),
     ] {
         let engine = default_engine();
-        let output = big_output(size);
+        let output = make(size);
         group.throughput(Throughput::Bytes(output.len() as u64));
         let ids: Vec<String> = (0..calls.len()).map(|k| format!("r{k}")).collect();
         let mut i = 0usize;

@@ -5,14 +5,15 @@
 //! Run (counting only `Engine::observe`; divide by `10 N + 256` events, the warm-up included):
 //! `valgrind --tool=callgrind --toggle-collect='*Engine::observe*'
 //! target/release/examples/hot_path raw-call 1000`
-//! (kinds: `json-call`, `raw-call`, `result-1k`, `result-64k`). Without valgrind it prints the
+//! (kinds: `json-call`, `raw-call`, `result-1k`, `result-64k`, and `result-mixed-1k`,
+//! `result-mixed-64k` for outputs of source, prose and listings rather than a build log). Without valgrind it prints the
 //! fastest and the median round's time per event (for the result kinds, of the results only):
 //! a quick before/after check on a busy machine, where the fastest round is the least disturbed.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use loopguard_benches::{big_output, default_engine, distinct_calls};
+use loopguard_benches::{big_output, default_engine, distinct_calls, mixed_output};
 use loopguard_engine::{Arguments, Call, Event, ToolResult};
 
 fn main() {
@@ -26,6 +27,8 @@ fn main() {
     let output = match kind.as_str() {
         "result-1k" => big_output(1024),
         "result-64k" => big_output(64 * 1024),
+        "result-mixed-1k" => mixed_output(1024),
+        "result-mixed-64k" => mixed_output(64 * 1024),
         _ => String::new(),
     };
     let raw = kind == "raw-call";

@@ -239,12 +239,24 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
                 return Some((len, rep!("<hex>")));
             }
         }
-    } else {
+    } else if acc & DIGIT != 0 || next == Some(b'-') {
+        // A word starting with a letter that holds a digit or is followed by `-`: a uuid, a
+        // hex word or an id (a name `pid 7` or `attempt 2` starts with has neither).
         if uuid(m) {
             return Some((36, rep!("<uuid>")));
         }
         if m.hex_ids && hex_word && len >= 8 {
             return Some((len, rep!("<hex>")));
+        }
+    } else {
+        // A word of letters (and `_`) followed by no `-`: a hex word, or a name a number
+        // follows (`pid 7`, `attempt 2`); no uuid, no id. Most words of prose and code are
+        // passed over here.
+        if m.hex_ids && hex_word && len >= 8 {
+            return Some((len, rep!("<hex>")));
+        }
+        if !number_follows(b, end) {
+            return None;
         }
         // `pid`, `pgid`, `ppid`, `tid`: a whole word, then a separator.
         if m.pids
@@ -254,6 +266,14 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
         {
             return Some((len, rep!("pid <n>")));
         }
+        // The counter words: whole words of these lengths starting with these letters.
+        if m.counters
+            && matches!(len, 3 | 5 | 7 | 8 | 9)
+            && matches!(c | 0x20, b'a' | b'r' | b't' | b'i' | b'b')
+        {
+            return counter_at(b, i, end);
+        }
+        return None;
     }
     // An id has 2 digits and 2 letters, in this word or in words joined to it by `-`.
     if m.ids
@@ -261,13 +281,6 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
         && let Some(len) = id_len(b, i)
     {
         return Some((len, rep!("<id>")));
-    }
-    // The counter words: whole words of these lengths starting with these letters.
-    if m.counters
-        && matches!(len, 3 | 5 | 7 | 8 | 9)
-        && matches!(c | 0x20, b'a' | b'r' | b't' | b'i' | b'b')
-    {
-        return counter_at(b, i, end);
     }
     None
 }
@@ -293,7 +306,11 @@ fn other_at(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, Rep)> {
             let n = digits(b, i + 1);
             (n > 0 && end_ok(b, i + 1 + n)).then_some((1 + n, rep!("#<n>")))
         }
-        b'/' if m.temp_paths => temp_len(b, i).map(|n| (n, rep!("/tmp/<tmp>"))),
+        // `/tmp/`, `/var/tmp/`, `/private/tmp/` (most `/` are followed by none of their
+        // second bytes: a path's other parts, `//` comments).
+        b'/' if m.temp_paths && matches!(b.get(i + 1), Some(b't' | b'v' | b'p')) => {
+            temp_len(b, i).map(|n| (n, rep!("/tmp/<tmp>")))
+        }
         _ => None,
     }
 }
@@ -386,6 +403,25 @@ fn temp_len(b: &[u8], i: usize) -> Option<usize> {
         .take_while(|&&c| c != b'/' && !c.is_ascii_whitespace() && !b"'\"`:),]".contains(&c))
         .count();
     (n > 0).then_some(prefix.len() + n)
+}
+
+/// A number follows the word ending at `end` after one or more separators (` `, `:`, `=`,
+/// `#`): what `pid 7` and `attempt 2` need, tested before their names are compared (most
+/// words of prose and code are followed by a letter or nothing of the kind).
+#[inline(always)]
+fn number_follows(b: &[u8], end: usize) -> bool {
+    let separator = |j: usize| {
+        b.get(j)
+            .is_some_and(|&c| matches!(c, b' ' | b':' | b'=' | b'#'))
+    };
+    if !separator(end) {
+        return false;
+    }
+    let mut j = end + 1;
+    while separator(j) {
+        j += 1;
+    }
+    digit_at(b, j)
 }
 
 /// `pid 7`, `PGID: 48213`, `tid=3` at `i`: the word `b[i..end]`, separators, a number.
