@@ -366,6 +366,8 @@ fn starts_ci(b: &[u8], i: usize, word: &str) -> bool {
         .is_some_and(|t| t.eq_ignore_ascii_case(word.as_bytes()))
 }
 
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
 fn ansi_len(b: &[u8], i: usize) -> usize {
     match b.get(i + 1) {
         Some(b'[') => {
@@ -390,6 +392,8 @@ fn ansi_len(b: &[u8], i: usize) -> usize {
     }
 }
 
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
 fn temp_len(b: &[u8], i: usize) -> Option<usize> {
     let rest = &b[i..];
     let prefix = ["/tmp/", "/var/tmp/", "/private/tmp/"]
@@ -449,6 +453,8 @@ fn number_after(b: &[u8], i: usize, end: usize, separator: impl Fn(u8) -> bool) 
 }
 
 /// `attempt 2`, `retry #3`, `run: 9` at `i`: a counter word `b[i..end]`, separators, a number.
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
 fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, Rep)> {
     let word = &b[i..end];
     let rep = [
@@ -467,32 +473,46 @@ fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, Rep)> {
     number_after(b, i, end, |c| matches!(c, b' ' | b'#' | b':' | b'=')).map(|len| (len, rep))
 }
 
-/// Key names (or their last `_` part) whose numeric values are ids, times and timings.
-const VOLATILE_KEYS: &[&str] = &[
-    "id",
-    "ms",
-    "ns",
-    "us",
-    "took",
-    "elapsed",
-    "duration",
-    "latency",
-    "time",
-    "timestamp",
-    "ts",
-    "at",
-    "seq",
-    "nonce",
-    "pid",
-    "epoch",
-    "seconds",
-    "secs",
-    "sec",
-    "millis",
-];
+/// Whether a key name (or its last `_` part) is one whose numeric values are ids, times and
+/// timings, in any case: compared lowercased, by length and bytes at once.
+#[inline]
+fn volatile_key(k: &[u8]) -> bool {
+    let mut lower = [0u8; 9];
+    let Some(l) = lower.get_mut(..k.len()) else {
+        return false;
+    };
+    for (l, c) in l.iter_mut().zip(k) {
+        *l = c.to_ascii_lowercase();
+    }
+    matches!(
+        &*l,
+        b"id"
+            | b"ms"
+            | b"ns"
+            | b"us"
+            | b"took"
+            | b"elapsed"
+            | b"duration"
+            | b"latency"
+            | b"time"
+            | b"timestamp"
+            | b"ts"
+            | b"at"
+            | b"seq"
+            | b"nonce"
+            | b"pid"
+            | b"epoch"
+            | b"seconds"
+            | b"secs"
+            | b"sec"
+            | b"millis"
+    )
+}
 
 /// The number at `i` is the value of a key such as `"took_ms": 132`, `request_id=88`,
-/// `"messageId": 7`.
+/// `"messageId": 7`. Out of line: most numbers are no such value, and the masker's loop keeps
+/// more in registers without it.
+#[inline(never)]
 fn volatile_key_before(b: &[u8], i: usize) -> bool {
     let mut j = i;
     let skip = |j: &mut usize, set: &[u8]| {
@@ -522,9 +542,7 @@ fn volatile_key_before(b: &[u8], i: usize) -> bool {
         .or_else(|| key.iter().rposition(u8::is_ascii_uppercase))
         .unwrap_or(0);
     let last = &key[cut..];
-    VOLATILE_KEYS
-        .iter()
-        .any(|k| last.eq_ignore_ascii_case(k.as_bytes()) || key.eq_ignore_ascii_case(k.as_bytes()))
+    volatile_key(last) || volatile_key(key)
 }
 
 /// An opaque id at `i`: a token of letters, digits, `_` and `-` of 6 or more bytes with at
@@ -640,6 +658,8 @@ fn time_end(b: &[u8], j: usize) -> usize {
     }
 }
 
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
 fn uuid_at(b: &[u8], i: usize) -> bool {
     if b.len() < i + 36 {
         return false;

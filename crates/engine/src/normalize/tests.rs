@@ -423,6 +423,12 @@ const PIECES: &[&str] = &[
     "/var/",
     "took_ms: 132",
     "\"took_ms\": 132.5",
+    // Volatile keys in other cases and lengths (the longest is nine bytes).
+    "TIMESTAMP=5",
+    "Latency: 12",
+    "timestamps: 3",
+    "xMillis=3",
+    "run_Seconds: 2",
     "id=88",
     "\"id\":\"9\"",
     "ts='12'",
