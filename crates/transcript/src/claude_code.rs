@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{Map, Value, json};
 
 use crate::messages::{Mode, Reader};
-use crate::{BadInput, DEFAULT_SESSION, Item, Kind, Line};
+use crate::{BadInput, DEFAULT_SESSION, Item, Kind, Line, json_lines};
 
 /// Line types that belong to Claude Code sessions and never to loopguard events.
 const SESSION_TYPES: &[&str] = &["summary", "file-history-snapshot", "queue-operation"];
@@ -131,13 +131,8 @@ pub(crate) fn read(text: &str) -> Result<Vec<Item>, BadInput> {
     // Streams in the order they first appear; the main conversation is `None`.
     let mut streams: Vec<(Option<String>, Stream)> = Vec::new();
     let mut index: HashMap<Option<String>, usize> = HashMap::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = i + 1;
-        let t = raw.trim();
-        if t.is_empty() || t.starts_with("//") {
-            continue;
-        }
-        let v: Value = serde_json::from_str(t).map_err(|e| BadInput::json(&e, line))?;
+    for parsed in json_lines::<Value>(text) {
+        let (line, v) = parsed?;
         let Value::Object(mut obj) = v else {
             return Err(BadInput::at(
                 line,

@@ -340,15 +340,9 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
         || messages::is_responses_item(&first_value)
         || gemini::is_content(&first_value)
     {
-        let mut raw = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let t = line.trim();
-            if t.is_empty() || t.starts_with("//") {
-                continue;
-            }
-            let r: &RawValue = serde_json::from_str(t).map_err(|e| BadInput::json(&e, i + 1))?;
-            raw.push(r);
-        }
+        let raw = json_lines::<&RawValue>(text)
+            .map(|r| r.map(|(_, v)| v))
+            .collect::<Result<Vec<_>, _>>()?;
         return messages(text, &raw);
     }
     if first_value.get("messages").is_some() {
@@ -441,17 +435,30 @@ const EVENT_KEYS: &[(&str, &[&str])] = &[
 ];
 const COMMON_KEYS: &[&str] = &["type", "session", "time", "turn"];
 
+/// The JSON lines of `text`, each parsed as `T` with its 1-based line number. Blank lines and
+/// `//` comments are skipped; a line that does not parse is an error at that line.
+fn json_lines<'t, T: serde::Deserialize<'t>>(
+    text: &'t str,
+) -> impl Iterator<Item = Result<(Line, T), BadInput>> + 't {
+    text.lines().enumerate().filter_map(|(i, line)| {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("//") {
+            return None;
+        }
+        Some(
+            serde_json::from_str(t)
+                .map(|v| (i + 1, v))
+                .map_err(|e| BadInput::json(&e, i + 1)),
+        )
+    })
+}
+
 fn events(text: &str) -> Result<Transcript, BadInput> {
     let mut items = Vec::new();
     let mut clock = Clock::default();
     let mut turns = Turns::default();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        let t = line.trim();
-        if t.is_empty() || t.starts_with("//") {
-            continue;
-        }
-        let v: Value = serde_json::from_str(t).map_err(|e| BadInput::json(&e, n))?;
+    for line in json_lines::<Value>(text) {
+        let (n, v) = line?;
         let Value::Object(obj) = &v else {
             return Err(BadInput::at(n, "an event must be a JSON object"));
         };
@@ -728,13 +735,8 @@ fn is_codex_rollout_line(v: &Value) -> bool {
 /// are skipped.
 fn codex_rollout(text: &str) -> Result<Transcript, BadInput> {
     let mut values = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        let t = line.trim();
-        if t.is_empty() || t.starts_with("//") {
-            continue;
-        }
-        let v: Value = serde_json::from_str(t).map_err(|e| BadInput::json(&e, n))?;
+    for line in json_lines::<Value>(text) {
+        let (n, v) = line?;
         let Value::Object(mut obj) = v else {
             return Err(BadInput::at(n, "a rollout line must be a JSON object"));
         };
