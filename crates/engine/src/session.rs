@@ -106,6 +106,8 @@ pub struct Session {
     user_turn: UserTurn,
     /// The content of the files written last with literal content.
     files: Files,
+    /// A hash of the last user message judged a person's (0: none yet).
+    last_user: u64,
 }
 
 /// What the latest message from a person did to the counts of the calls before it.
@@ -182,6 +184,7 @@ impl Session {
             user_seq: 0,
             user_turn: UserTurn::Open,
             files: Files::default(),
+            last_user: 0,
         }
     }
 

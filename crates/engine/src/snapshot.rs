@@ -125,6 +125,9 @@ pub(crate) struct SessionV1 {
     /// What the last writes left in their files, oldest slot first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<FileV1>,
+    /// A hash of the last user message judged a person's.
+    #[serde(default, with = "hex64", skip_serializing_if = "is_zero_u64")]
+    pub last_user: u64,
 }
 
 /// What a session was resolved for.

@@ -1476,6 +1476,75 @@ fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
     assert_eq!(first_flag(&|_| "Please continue.".to_owned()), Some(6));
 }
 
+/// A framework's fixed prompt sent before every step (the same words each time) is no new
+/// instruction: varied calls failing the same way between such prompts are a loop. Messages
+/// that differ are a person's, and each sets the calls before it aside.
+#[test]
+fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
+    let failing_greps = |prompt: &dyn Fn(usize) -> String| {
+        let mut h = H::default();
+        let mut flagged = false;
+        for (i, cmd) in [
+            "grep -r RST src/",
+            "grep -r RST src/io/",
+            "grep -H RST src/io/*.py",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            h.user(&prompt(i), false);
+            let (c, r) = h.bash(cmd, "grep: src/: No such file or directory", true);
+            flagged |= !c.is_allow() || !r.is_allow();
+        }
+        flagged
+    };
+    let fixed = "Determine exactly one command to use based on the progress so far, and respond \
+                 using the JSON schema specified previously:";
+    assert!(
+        failing_greps(&|_| fixed.to_owned()),
+        "the same prompt each step"
+    );
+    assert!(
+        !failing_greps(&|i| format!("{fixed} (step {})", ["one", "two", "three"][i])),
+        "messages that differ"
+    );
+    // A person answers each question with the same short words: each is an answer.
+    assert!(
+        !failing_greps(&|_| "Yes, do it".to_owned()),
+        "short answers"
+    );
+}
+
+/// A framework's own "go on" prompt, in words no pattern knows, sent after every turn without
+/// a tool call: from its second sending on it is the framework's, so the turns add up to a
+/// monologue.
+#[test]
+fn turns_each_followed_by_the_same_long_prompt_are_a_monologue() {
+    let prompt = "Proceed. You can run code on this machine. If the whole task is done, say \
+                  exactly 'The task is done.' Otherwise keep going.";
+    let mut h = H::default();
+    let mut flagged = None;
+    let plans = [
+        "I will load the file with pandas and plot the totals.",
+        "First I read the CSV file, then I draw a bar chart.",
+        "Let me open data.csv and make a chart of each month.",
+        "The plan: parse the rows, sum them by month, plot.",
+        "Reading the data now; a line chart will follow it.",
+        "I am going to chart the monthly sums from the file.",
+        "Next step: load the rows and show them as a graph.",
+        "I will now read the CSV and produce the figure.",
+    ];
+    for (n, plan) in (1..).zip(plans) {
+        let v = h.text(plan, false, false);
+        if flagged.is_none() && det(&v) == Some("monologue") {
+            flagged = Some(n);
+        }
+        h.user(prompt, false);
+    }
+    // The first prompt is taken for a person's; the six turns after it are a monologue.
+    assert_eq!(flagged, Some(7));
+}
+
 #[test]
 fn repeated_turns_are_text_repeat() {
     let mut h = H::default();

@@ -82,7 +82,17 @@ impl Session {
 
     pub(super) fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
         let user = &self.rules.config.user;
-        if u.injected || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
+        // The same words as the last message judged a person's: a framework's fixed prompt
+        // sent with every step, or a person pasting again what changed nothing. Short
+        // messages are left out: a person answers "go" or "yes" to each question.
+        let text = u.text.trim();
+        let digest = if said_again_length(text) {
+            crate::hash::hash_str(text) | 1
+        } else {
+            0
+        };
+        let again = digest != 0 && digest == self.last_user;
+        if u.injected || again || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
             // A reply rejecting a turn without a tool call: the same one as the last such
             // reply counts towards `monologue.same_reply_threshold`.
             let rejects = &self.rules.config.detectors.monologue.reject_patterns;
@@ -101,6 +111,7 @@ impl Session {
             }
             return Verdict::allow();
         }
+        self.last_user = digest;
         if let Some(text) = &mut self.text {
             text.end_turn();
         }
@@ -143,6 +154,7 @@ impl Session {
         self.user_seq = 0;
         self.user_turn = UserTurn::Open;
         self.files.clear();
+        self.last_user = 0;
         if let Some(m) = self.group.as_deref_mut() {
             m.loops.clear();
         }
@@ -262,4 +274,17 @@ pub(crate) fn negated(text: &str, at: usize) -> bool {
         )
     });
     blames && !words.iter().any(|w| ASKING.contains(w))
+}
+
+/// Bytes and words a user message needs before its second sending in the same words is
+/// judged a framework's fixed prompt: one sentence of instruction at least.
+const SAID_AGAIN_MIN_BYTES: usize = 40;
+const SAID_AGAIN_MIN_WORDS: usize = 6;
+
+fn said_again_length(text: &str) -> bool {
+    text.len() >= SAID_AGAIN_MIN_BYTES
+        && text
+            .split_whitespace()
+            .nth(SAID_AGAIN_MIN_WORDS - 1)
+            .is_some()
 }

@@ -183,6 +183,7 @@ impl Session {
                     seq,
                 })
                 .collect(),
+            last_user: self.last_user,
         }
     }
 
@@ -282,6 +283,7 @@ impl Session {
         }
         s.files =
             super::Files::from_entries(snap.files.iter().map(|f| (f.target, f.content, f.seq)));
+        s.last_user = snap.last_user;
         if let Some(u) = &snap.user_turn {
             s.user_seq = u.seq;
             s.user_turn = if u.decided {
