@@ -17,8 +17,11 @@
 //! - Lines of a subagent (`isSidechain: true`) are a session of their own, named `agent-<id>`
 //!   after `agentId` (`sidechain` without one), unless the file holds nothing else.
 //!
-//! Lines carry an ISO `timestamp` that is not read: events are one second apart, as for the
-//! other message formats. Blank lines and lines starting with `//` are skipped; a line that is
+//! The RFC 3339 `timestamp` of a `user` or `assistant` line is the time of the first event read
+//! from it (milliseconds since the epoch), so time-based settings (`ttl`, idle sessions) act on
+//! replay as they did live; the message's other events, and those of lines without one, follow
+//! one second apart, and time never goes back (`timestamp.rs`). A timestamp that is not RFC
+//! 3339 is an error naming its line. Blank lines and lines starting with `//` are skipped; a line that is
 //! not a JSON object, has no string `type`, or is a `user`/`assistant` line without a
 //! `message` object is an error naming it.
 
@@ -27,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{Map, Value, json};
 
 use crate::messages::{Mode, Reader};
-use crate::{BadInput, DEFAULT_SESSION, Item, Kind, Line, json_lines};
+use crate::{BadInput, DEFAULT_SESSION, Item, Kind, Line, json_lines, timestamp};
 
 /// Line types that belong to Claude Code sessions and never to loopguard events.
 const SESSION_TYPES: &[&str] = &["summary", "file-history-snapshot", "queue-operation"];
@@ -131,6 +134,7 @@ pub(crate) fn read(text: &str) -> Result<Vec<Item>, BadInput> {
     // Streams in the order they first appear; the main conversation is `None`.
     let mut streams: Vec<(Option<String>, Stream)> = Vec::new();
     let mut index: HashMap<Option<String>, usize> = HashMap::new();
+    let mut stamps: HashMap<Line, u64> = HashMap::new();
     for parsed in json_lines::<Value>(text) {
         let (line, v) = parsed?;
         let Value::Object(mut obj) = v else {
@@ -146,6 +150,9 @@ pub(crate) fn read(text: &str) -> Result<Vec<Item>, BadInput> {
         };
         if ty != "user" && ty != "assistant" {
             continue;
+        }
+        if let Some(ms) = timestamp::of_line(line, &obj)? {
+            stamps.insert(line, ms);
         }
         let mut message = match obj.remove("message") {
             Some(Value::Object(m)) => m,
@@ -225,10 +232,15 @@ pub(crate) fn read(text: &str) -> Result<Vec<Item>, BadInput> {
         }
         read.push(items);
     }
-    if read.len() <= 1 {
-        return Ok(read.pop().unwrap_or_default());
+    let mut items = if read.len() <= 1 {
+        read.pop().unwrap_or_default()
+    } else {
+        interleave(read)
+    };
+    if !stamps.is_empty() {
+        timestamp::place(&mut items, &stamps);
     }
-    Ok(interleave(read))
+    Ok(items)
 }
 
 /// The events of several sessions in the order of their lines, numbered as one transcript:
@@ -377,6 +389,42 @@ mod tests {
     }
 
     #[test]
+    fn line_timestamps_are_event_times() {
+        let session = r#"{"type":"summary","summary":"s","leafUuid":"u1","timestamp":"not a time"}
+{"type":"user","sessionId":"s","timestamp":"2025-06-01T12:34:56.789Z","message":{"role":"user","content":"go"}}
+{"type":"assistant","sessionId":"s","timestamp":"2025-06-01T12:35:00.000Z","message":{"id":"m","role":"assistant","content":[{"type":"text","text":"Two reads."}]}}
+{"type":"assistant","sessionId":"s","timestamp":"2025-06-01T12:35:00.500Z","message":{"id":"m","role":"assistant","content":[{"type":"tool_use","id":"a","name":"Read","input":{"file_path":"x"}}]}}
+{"type":"user","sessionId":"s","timestamp":"2025-06-01T12:35:00.700Z","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"X"}]}}
+{"type":"user","sessionId":"s","message":{"role":"user","content":"again"}}
+{"type":"user","sessionId":"s","isSidechain":true,"agentId":"b","timestamp":"2025-06-01T13:00:00+01:00","message":{"role":"user","content":"search"}}
+{"type":"user","sessionId":"s","timestamp":"2025-06-01T12:36:00Z","message":{"role":"user","content":"later"}}
+"#;
+        let t = parse(session).unwrap();
+        let base = 1_748_781_296_789u64;
+        let seen: Vec<(&str, &str, u64)> = t
+            .items
+            .iter()
+            .map(|i| (i.session.as_str(), i.kind.name(), i.time_ms - base))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("main", "user", 0),
+                // The streamed message's lines are one message, at its first line's time.
+                ("main", "text", 3_211),
+                ("main", "call", 4_211),
+                // Stamped before the call it answers was placed: kept after it.
+                ("main", "result", 4_211),
+                // No timestamp: one second after.
+                ("main", "user", 5_211),
+                // 12:00 UTC, before the previous event: not placed back in time.
+                ("agent-b", "user", 5_211),
+                ("main", "user", 63_211),
+            ]
+        );
+    }
+
+    #[test]
     fn malformed_lines_are_named() {
         let ok = r#"{"type":"user","sessionId":"s","message":{"role":"user","content":"go"}}"#;
         for (bad, needle) in [
@@ -412,6 +460,14 @@ mod tests {
                 "unknown content block type `mystery`",
             ),
             (r#"{"type":"user","message":{"#, "invalid JSON"),
+            (
+                r#"{"type":"user","timestamp":"2025-06-01T25:00:00Z","message":{"role":"user","content":"x"}}"#,
+                "`timestamp` `2025-06-01T25:00:00Z` is not an RFC 3339",
+            ),
+            (
+                r#"{"type":"user","timestamp":1748781296,"message":{"role":"user","content":"x"}}"#,
+                "`timestamp` must be a string",
+            ),
         ] {
             let text = format!("{ok}\n\n{bad}\n{ok}\n");
             let e = parse(&text).unwrap_err();

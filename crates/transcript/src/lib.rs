@@ -60,11 +60,13 @@
 #![warn(missing_docs)]
 
 mod claude_code;
+mod codex;
 mod gemini;
 pub mod messages;
 mod py_literal;
 pub mod replay;
 mod text_calls;
+mod timestamp;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -327,8 +329,11 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
     // Otherwise JSON Lines; the first line says which kind.
     let first_value: Value =
         serde_json::from_str(first).map_err(|e| BadInput::json(&e, first_line))?;
-    if is_codex_rollout_line(&first_value) {
-        return codex_rollout(text);
+    if codex::is_rollout_line(&first_value) {
+        return codex::read(text);
+    }
+    if codex::is_legacy_meta_line(&first_value) {
+        return codex::read_legacy(text);
     }
     if claude_code::is_session_line(&first_value) {
         return Ok(Transcript {
@@ -714,54 +719,6 @@ fn positioned(text: &str, raw: &[&RawValue]) -> Result<Vec<(Line, Value)>, BadIn
     Ok(values)
 }
 
-/// Line types of a Codex session rollout (`~/.codex/sessions/…/rollout-*.jsonl`).
-const CODEX_LINES: &[&str] = &[
-    "session_meta",
-    "response_item",
-    "turn_context",
-    "event_msg",
-    "compacted",
-];
-
-fn is_codex_rollout_line(v: &Value) -> bool {
-    v.get("payload").is_some()
-        && v.get("type")
-            .and_then(Value::as_str)
-            .is_some_and(|t| CODEX_LINES.contains(&t))
-}
-
-/// A Codex rollout: the `payload` of each `response_item` line is a Responses item; the other
-/// lines (session metadata, turn settings, UI events that repeat the items, compaction marks)
-/// are skipped.
-fn codex_rollout(text: &str) -> Result<Transcript, BadInput> {
-    let mut values = Vec::new();
-    for line in json_lines::<Value>(text) {
-        let (n, v) = line?;
-        let Value::Object(mut obj) = v else {
-            return Err(BadInput::at(n, "a rollout line must be a JSON object"));
-        };
-        match obj.get("type") {
-            Some(Value::String(ty)) if ty == "response_item" => {}
-            Some(Value::String(_)) => continue,
-            _ => return Err(BadInput::at(n, "a rollout line needs a string `type`")),
-        }
-        match obj.remove("payload") {
-            Some(item @ Value::Object(_)) => values.push((n, item)),
-            _ => {
-                return Err(BadInput::at(
-                    n,
-                    "a `response_item` line needs a `payload` object",
-                ));
-            }
-        }
-    }
-    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
-    Ok(Transcript {
-        format: Format::Messages,
-        items: messages::read_responses_items(&refs, messages::Mode::Strict)?,
-    })
-}
-
 fn gemini_contents(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
     let values = positioned(text, raw)?;
     let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
@@ -1054,12 +1011,12 @@ mod tests {
             items[9]
         );
         let rollout: String = std::iter::once(
-            r#"{"timestamp":"t","type":"session_meta","payload":{"id":"s"}}"#.to_owned(),
+            r#"{"timestamp":"2025-09-01T10:00:00Z","type":"session_meta","payload":{"id":"s"}}"#.to_owned(),
         )
         .chain(
             items
                 .iter()
-                .map(|i| format!(r#"{{"timestamp":"t","type":"response_item","payload":{i}}}"#)),
+                .map(|i| format!(r#"{{"type":"response_item","payload":{i}}}"#)),
         )
         .chain([r#"{"type":"event_msg","payload":{"type":"token_count"}}"#.to_owned()])
         .collect::<Vec<_>>()
