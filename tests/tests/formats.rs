@@ -2,9 +2,9 @@
 
 //! `loopctl simulate`, run as the real binary, on one looping conversation recorded in every
 //! shape agents write (tests/fixtures/formats/, synthetic): OpenAI chat completions, an OpenAI
-//! Responses request body, a Codex rollout, Gemini contents, a Gemini CLI session file and a
-//! Claude Code session. Each
-//! must show the same interventions as the chat shape, at the same events.
+//! Responses request body, a Codex rollout (current and older form), Gemini contents, a Gemini
+//! request and response record, a Gemini CLI session file and a Claude Code session. Each must
+//! show the same interventions as the chat shape, at the same events.
 
 use serde_json::Value;
 
@@ -45,7 +45,9 @@ fn every_shape_of_one_looping_conversation_gets_the_same_interventions() {
     for file in [
         "loop-responses.json",
         "loop-codex-rollout.jsonl",
+        "loop-codex-rollout-legacy.jsonl",
         "loop-gemini.json",
+        "loop-gemini-record.json",
         "loop-gemini-cli.json",
         "loop-claude-code.jsonl",
     ] {
@@ -99,6 +101,8 @@ fn the_timeline_names_each_shape() {
         ("loop-openai-chat.json", "chat messages"),
         ("loop-responses.json", "chat messages"),
         ("loop-gemini.json", "Gemini contents"),
+        ("loop-gemini-record.json", "Gemini contents"),
+        ("loop-codex-rollout-legacy.jsonl", "chat messages"),
         ("loop-gemini-cli.json", "Gemini CLI session"),
         ("loop-claude-code.jsonl", "Claude Code session"),
     ] {
@@ -135,6 +139,93 @@ fn a_malformed_line_of_a_new_shape_is_named_and_nothing_is_replayed() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("broken.jsonl:5: `message` must be a JSON object"),
+        "{stderr}"
+    );
+}
+
+/// Simulates `text` (written as `name`) with a policy that forgets calls after a minute; the
+/// exit code.
+fn simulate_with_a_minute_ttl(dir: &std::path::Path, name: &str, text: &str) -> Option<i32> {
+    let policy = dir.join("ttl.yaml");
+    std::fs::write(&policy, "version: 1\ntime: { ttl_seconds: 60 }\n").expect("write");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    let out = loopctl()
+        .args(["simulate", "--json", "--rules"])
+        .arg(&policy)
+        .arg(&path)
+        .output()
+        .expect("run loopctl");
+    out.status.code()
+}
+
+/// Claude Code and Codex lines carry their wall-clock time: a `ttl` acts on replay as it did
+/// live. The loop, 1.5 s a step, is caught; the same loop ten minutes a step is not a loop
+/// under a one-minute ttl.
+#[test]
+fn recorded_timestamps_drive_time_based_settings() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for file in ["loop-claude-code.jsonl", "loop-codex-rollout.jsonl"] {
+        let text = std::fs::read_to_string(root().join("tests/fixtures/formats").join(file))
+            .expect("fixture");
+        assert_eq!(
+            simulate_with_a_minute_ttl(dir.path(), file, &text),
+            Some(3),
+            "{file}"
+        );
+        // Every stamp ten minutes after the previous: "2026-01-01T00:00:01.500Z" becomes
+        // "2026-01-0DTHH:MM:00.000Z" for the line's number.
+        let slow: String = text
+            .lines()
+            .enumerate()
+            .map(|(n, line)| match line.find("\"2026-01-01T") {
+                Some(at) => {
+                    let minutes = n * 10;
+                    let stamp = format!(
+                        "\"2026-01-{:02}T{:02}:{:02}:00.000Z\"",
+                        1 + minutes / 1440,
+                        minutes / 60 % 24,
+                        minutes % 60
+                    );
+                    format!("{}{stamp}{}", &line[..at], &line[at + 26..])
+                }
+                None => line.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_ne!(slow, text);
+        assert_eq!(
+            simulate_with_a_minute_ttl(dir.path(), file, &slow),
+            Some(0),
+            "{file}: {slow}"
+        );
+    }
+}
+
+/// A timestamp that is not RFC 3339 is named with its line; nothing is replayed.
+#[test]
+fn a_garbage_timestamp_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let text =
+        std::fs::read_to_string(root().join("tests/fixtures/formats/loop-claude-code.jsonl"))
+            .expect("fixture")
+            .replacen(
+                "2026-01-01T00:00:03.000Z",
+                "2026-01-01T00:00:03.000Z and then some",
+                1,
+            );
+    let path = dir.path().join("garbage.jsonl");
+    std::fs::write(&path, text).expect("write");
+    let out = loopctl()
+        .args(["simulate", "--json"])
+        .arg(&path)
+        .output()
+        .expect("run loopctl");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("garbage.jsonl:4: `timestamp`") && stderr.contains("RFC 3339"),
         "{stderr}"
     );
 }

@@ -122,7 +122,10 @@ pub(crate) fn read_legacy(text: &str) -> Result<Transcript, BadInput> {
     transcript(&items, &stamps)
 }
 
-fn transcript(items: &[(Line, Value)], stamps: &HashMap<Line, u64>) -> Result<Transcript, BadInput> {
+fn transcript(
+    items: &[(Line, Value)],
+    stamps: &HashMap<Line, u64>,
+) -> Result<Transcript, BadInput> {
     let refs: Vec<(Line, &Value)> = items.iter().map(|(l, v)| (*l, v)).collect();
     let mut items = messages::read_responses_items(&refs, messages::Mode::Strict)?;
     if !stamps.is_empty() {
@@ -195,8 +198,14 @@ mod tests {
             (r#"{"record_type":"snapshot"}"#, "unknown `record_type`"),
             (r#"{"record_type":7}"#, "`record_type` must be a string"),
             (r#"{"role":"user","content":"x"}"#, "needs the `type`"),
-            (r#"{"type":"function_call","call_id":"c"}"#, "needs a string `name`"),
-            (r#"{"type":"teleport"}"#, "unknown input item type `teleport`"),
+            (
+                r#"{"type":"function_call","call_id":"c"}"#,
+                "needs a string `name`",
+            ),
+            (
+                r#"{"type":"teleport"}"#,
+                "unknown input item type `teleport`",
+            ),
             (
                 r#"{"type":"message","role":"user","content":"x","timestamp":"noon"}"#,
                 "`timestamp` `noon` is not an RFC 3339",
@@ -230,6 +239,10 @@ mod tests {
         assert!(e.message.contains("RFC 3339"), "{}", e.message);
         let e = parse(&text.replace("\"2025-09-01T10:00:01.000Z\"", "17")).unwrap_err();
         assert_eq!(e.line, 2);
-        assert!(e.message.contains("`timestamp` must be a string"), "{}", e.message);
+        assert!(
+            e.message.contains("`timestamp` must be a string"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -280,6 +280,112 @@ fn response_text(response: &Value) -> (String, bool) {
     }
 }
 
+// --- generateContent responses -----------------------------------------------------------------
+
+/// Keys of a `generateContent` response besides `candidates`: a streamed chunk may hold only
+/// these (the last one's usage, a blocked prompt's feedback).
+const RESPONSE_KEYS: &[&str] = &[
+    "usageMetadata",
+    "usage_metadata",
+    "promptFeedback",
+    "prompt_feedback",
+    "modelVersion",
+    "model_version",
+    "responseId",
+    "response_id",
+    "createTime",
+    "create_time",
+];
+
+/// Whether a value is a `generateContent` response (or one streamed chunk of one): an object
+/// with `candidates`.
+pub(crate) fn is_response(v: &Value) -> bool {
+    v.get("candidates").is_some()
+}
+
+/// The model contents a list of `generateContent` responses add to a conversation, each with
+/// its line. Only the first candidate is the conversation (the others are alternatives the
+/// client did not keep). The parts of successive responses are pieces of one streamed answer
+/// (`streamGenerateContent`) until a candidate has a `finishReason`: each such run is one
+/// `model` content at the line of its first piece. A response without a candidate or without
+/// content (a blocked prompt, a chunk of usage only) adds nothing.
+pub(crate) fn response_contents(
+    responses: &[(Line, &Value)],
+) -> Result<Vec<(Line, Value)>, BadInput> {
+    let mut out = Vec::new();
+    let mut open: Option<(Line, Vec<Value>)> = None;
+    for &(line, response) in responses {
+        let Value::Object(obj) = response else {
+            return Err(BadInput::at(
+                line,
+                "a Gemini response must be a JSON object",
+            ));
+        };
+        let candidates = match obj.get("candidates") {
+            Some(Value::Array(c)) => c.as_slice(),
+            None if obj.keys().any(|k| RESPONSE_KEYS.contains(&k.as_str())) => &[][..],
+            None => {
+                return Err(BadInput::at(
+                    line,
+                    "a Gemini response needs `candidates` (or only usage or prompt feedback)",
+                ));
+            }
+            Some(_) => return Err(BadInput::at(line, "`candidates` must be an array")),
+        };
+        let Some(first) = candidates.first() else {
+            continue;
+        };
+        let Value::Object(candidate) = first else {
+            return Err(BadInput::at(line, "candidates[0] must be a JSON object"));
+        };
+        match candidate.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(content)) => {
+                match content.get("role") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(r)) if r == "model" => {}
+                    Some(_) => {
+                        return Err(BadInput::at(
+                            line,
+                            "candidates[0].content.role must be `model`",
+                        ));
+                    }
+                }
+                let parts = match content.get("parts") {
+                    None | Some(Value::Null) => &[][..],
+                    Some(Value::Array(parts)) => parts.as_slice(),
+                    Some(_) => {
+                        return Err(BadInput::at(
+                            line,
+                            "candidates[0].content.parts must be an array",
+                        ));
+                    }
+                };
+                open.get_or_insert_with(|| (line, Vec::new()))
+                    .1
+                    .extend(parts.iter().cloned());
+            }
+            Some(_) => {
+                return Err(BadInput::at(
+                    line,
+                    "candidates[0].content must be a JSON object",
+                ));
+            }
+        }
+        let finished = candidate
+            .get("finishReason")
+            .or_else(|| candidate.get("finish_reason"))
+            .is_some_and(|r| !r.is_null());
+        if finished && let Some((at, parts)) = open.take() {
+            out.push((at, json!({"role": "model", "parts": parts})));
+        }
+    }
+    if let Some((at, parts)) = open {
+        out.push((at, json!({"role": "model", "parts": parts})));
+    }
+    Ok(out)
+}
+
 // --- Gemini CLI session files -------------------------------------------------------------------
 
 /// Record types of a Gemini CLI session file that are notes of the CLI, not the conversation.
@@ -688,6 +794,131 @@ mod tests {
             assert_eq!(e.line, line, "{text}: {e:?}");
             assert!(e.message.contains(needle), "{text}: {}", e.message);
         }
+    }
+
+    /// The model's parts of `CONTENTS[1]`, as a `generateContent` response's first candidate.
+    const MODEL_PARTS: &str = r#"[{"text":"look","thought":true},{"text":"Listing."},{"functionCall":{"name":"ls","args":{}}},{"functionCall":{"name":"ls","args":{"path":"src"}}}]"#;
+
+    #[test]
+    fn a_response_object_reads_as_its_first_candidates_content() {
+        let response = format!(
+            "{{\n \"candidates\": [\n  {{\n   \"content\": {{\"role\": \"model\", \"parts\": {MODEL_PARTS}}},\n   \"finishReason\": \"STOP\",\n   \"index\": 0\n  }},\n  {{\"content\": {{\"role\": \"model\", \"parts\": [{{\"functionCall\": {{\"name\": \"rm\", \"args\": {{}}}}}}]}}, \"index\": 1}}\n ],\n \"usageMetadata\": {{\"promptTokenCount\": 10}},\n \"modelVersion\": \"gemini-2.5-pro\",\n \"responseId\": \"r1\"\n}}"
+        );
+        let t = parse(&response).unwrap();
+        assert_eq!(t.format, Format::Gemini);
+        let alone = parse(&format!("[{}]", CONTENTS[1])).unwrap();
+        assert_eq!(strip(&t.items), strip(&alone.items));
+        // At the line of the first candidate's content; the second candidate is not read.
+        assert!(t.items.iter().all(|i| i.line == 4));
+        assert!(
+            !t.items
+                .iter()
+                .any(|i| matches!(&i.kind, Kind::Call { tool, .. } if tool == "rm"))
+        );
+        // A role-less content is the model's; a blocked prompt adds nothing.
+        let bare = format!(r#"{{"candidates":[{{"content":{{"parts":{MODEL_PARTS}}}}}]}}"#);
+        assert_eq!(strip(&parse(&bare).unwrap().items), strip(&alone.items));
+        for empty in [
+            r#"{"candidates":[],"promptFeedback":{"blockReason":"SAFETY"}}"#,
+            r#"{"candidates":[{"finishReason":"SAFETY","index":0}]}"#,
+        ] {
+            assert!(parse(empty).unwrap().items.is_empty(), "{empty}");
+        }
+    }
+
+    #[test]
+    fn a_request_and_response_record_is_the_contents_then_the_answer() {
+        let record = format!(
+            "{{\"contents\": [\n{}\n],\n\"generationConfig\": {{}},\n\"candidates\": [{{\"content\": {}, \"finishReason\": \"STOP\"}}],\n\"usageMetadata\": {{}}}}",
+            CONTENTS[..3].join(",\n"),
+            CONTENTS[3]
+        );
+        let t = parse(&record).unwrap();
+        assert_eq!(t.format, Format::Gemini);
+        let all = parse(&format!("[{}]", CONTENTS.join(",\n"))).unwrap();
+        assert_eq!(strip(&t.items), strip(&all.items));
+        assert_eq!(t.items.last().map(|i| i.line), Some(7));
+    }
+
+    #[test]
+    fn streamed_chunks_are_one_model_content_until_a_finish_reason() {
+        let chunk = |parts: &str, finish: &str| {
+            format!(
+                r#"{{"candidates":[{{"content":{{"role":"model","parts":{parts}}}{finish},"index":0}}],"modelVersion":"gemini-2.5-flash"}}"#
+            )
+        };
+        let stop = r#","finishReason":"STOP""#;
+        let chunks = [
+            chunk(r#"[{"text":"lo","thought":true}]"#, ""),
+            chunk(r#"[{"text":"ok","thought":true},{"text":"List"}]"#, ""),
+            chunk(r#"[{"text":"ing."}]"#, ""),
+            chunk(r#"[{"functionCall":{"name":"ls","args":{}}}]"#, ""),
+            chunk(
+                r#"[{"functionCall":{"name":"ls","args":{"path":"src"}}}]"#,
+                stop,
+            ),
+            r#"{"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":9}}"#.to_owned(),
+            chunk(r#"[{"text":"do"}]"#, ""),
+            chunk(r#"[{"text":"ne"}]"#, stop),
+        ];
+        let expected = parse(&format!("[{},\n{}]", CONTENTS[1], CONTENTS[3])).unwrap();
+        let jsonl = parse(&chunks.join("\n")).unwrap();
+        let array = parse(&format!("[\n{}\n]", chunks.join(",\n"))).unwrap();
+        for t in [&jsonl, &array] {
+            assert_eq!(t.format, Format::Gemini);
+            assert_eq!(strip(&t.items), strip(&expected.items));
+        }
+        let lines: Vec<Line> = jsonl.items.iter().map(|i| i.line).collect();
+        assert_eq!(lines, [1, 1, 1, 1, 7]);
+        assert!(
+            matches!(&jsonl.items[0].kind, Kind::Text { text, reasoning: true, .. } if text == "look")
+        );
+    }
+
+    #[test]
+    fn malformed_responses_name_their_line() {
+        let ok = r#"{"candidates":[{"content":{"role":"model","parts":[{"text":"a"}]}}]}"#;
+        for (bad, needle) in [
+            ("[1]", "must be a JSON object"),
+            (r#"{"text":"hi"}"#, "needs `candidates`"),
+            (
+                r#"{"candidates":{"content":{}}}"#,
+                "`candidates` must be an array",
+            ),
+            (
+                r#"{"candidates":[7]}"#,
+                "candidates[0] must be a JSON object",
+            ),
+            (
+                r#"{"candidates":[{"content":"hi"}]}"#,
+                "candidates[0].content must be",
+            ),
+            (
+                r#"{"candidates":[{"content":{"role":"user","parts":[]}}]}"#,
+                "content.role must be `model`",
+            ),
+            (
+                r#"{"candidates":[{"content":{"role":"model","parts":{"text":"a"}}}]}"#,
+                "content.parts must be an array",
+            ),
+            (
+                r#"{"candidates":[{"content":{"role":"model","parts":[{"functionCall":{"args":{}}}]},"finishReason":"STOP"}]}"#,
+                "parts[0]",
+            ),
+            (r#"{"candidates":[{"#, "invalid JSON"),
+        ] {
+            // Each chunk ends its content, so the bad one is read at its own line.
+            let ok = ok.replace("}]}}]", "}]},\"finishReason\":\"STOP\"}]");
+            let text = format!("{ok}\n\n{bad}\n{ok}\n");
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.line, 3, "{bad}: {e:?}");
+            assert!(e.message.contains(needle), "{bad}: {}", e.message);
+        }
+        // A single response object: the error names the candidate's line.
+        let e = parse("{\n\"candidates\": [\n{\"content\": {\"role\": \"model\", \"parts\": [{\"mystery\": 1}]}}\n]\n}")
+            .unwrap_err();
+        assert_eq!(e.line, 3);
+        assert!(e.message.contains("unknown part"), "{}", e.message);
     }
 
     #[test]

@@ -310,7 +310,8 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
             items: messages::read_responses_input(&input, messages::Mode::Strict)?,
         });
     }
-    // A Gemini request body: an object with `contents`.
+    // A Gemini request body: an object with `contents`; with `candidates` too, a record of a
+    // request and its response.
     if let Ok(doc) = serde_json::from_str::<GeminiBody<'_>>(text) {
         let Ok(contents) = serde_json::from_str::<Vec<&RawValue>>(doc.contents.get()) else {
             return Err(BadInput::at(
@@ -318,7 +319,24 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
                 "`contents` must be an array of contents",
             ));
         };
-        return gemini_contents(text, &contents);
+        let mut values = positioned(text, &contents)?;
+        if let Ok(response) = serde_json::from_str::<GeminiResponse<'_>>(text) {
+            values.extend(gemini_response(text, &response)?);
+        }
+        let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+        return Ok(Transcript {
+            format: Format::Gemini,
+            items: gemini::read(&refs)?,
+        });
+    }
+    // A Gemini `generateContent` response: an object with `candidates`.
+    if let Ok(response) = serde_json::from_str::<GeminiResponse<'_>>(text) {
+        let values = gemini_response(text, &response)?;
+        let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
+        return Ok(Transcript {
+            format: Format::Gemini,
+            items: gemini::read(&refs)?,
+        });
     }
     // A Responses response object: an object with an `output` list of items.
     if let Ok(doc) = serde_json::from_str::<Output<'_>>(text)
@@ -344,6 +362,7 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
     if first_value.get("role").is_some()
         || messages::is_responses_item(&first_value)
         || gemini::is_content(&first_value)
+        || gemini::is_response(&first_value)
     {
         let raw = json_lines::<&RawValue>(text)
             .map(|r| r.map(|(_, v)| v))
@@ -387,6 +406,45 @@ struct Output<'a> {
 struct GeminiBody<'a> {
     #[serde(borrow)]
     contents: &'a RawValue,
+}
+
+/// A Gemini `generateContent` response, or a record with one.
+#[derive(serde::Deserialize)]
+struct GeminiResponse<'a> {
+    #[serde(borrow)]
+    candidates: &'a RawValue,
+}
+
+/// The first candidate of a response, to find its content's line.
+#[derive(serde::Deserialize)]
+struct GeminiCandidate<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+/// The model content a document holding one Gemini response adds, at the line where its first
+/// candidate's content starts.
+fn gemini_response(
+    text: &str,
+    response: &GeminiResponse<'_>,
+) -> Result<Vec<(Line, Value)>, BadInput> {
+    let raw = response.candidates.get();
+    let content = serde_json::from_str::<Vec<&RawValue>>(raw)
+        .ok()
+        .and_then(|c| c.first().copied())
+        .and_then(|c| serde_json::from_str::<GeminiCandidate<'_>>(c.get()).ok())
+        .and_then(|c| c.content);
+    let line = Lines::new(text).of(content.map_or(raw, RawValue::get));
+    let value: Value = serde_json::from_str(text).map_err(|e| BadInput::json(&e, 1))?;
+    let Value::Object(mut obj) = value else {
+        return Err(BadInput::at(
+            line,
+            "a Gemini response must be a JSON object",
+        ));
+    };
+    // The request's keys of a record are not the response's.
+    obj.remove("contents");
+    gemini::response_contents(&[(line, &Value::Object(obj))])
 }
 
 /// Finds the 1-based lines where slices of a text start, for slices taken in order: each call
@@ -693,6 +751,10 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
             Format::Messages,
             messages::read_responses_items(&refs, messages::Mode::Strict)?,
         )
+    } else if any(gemini::is_response) {
+        let contents = gemini::response_contents(&refs)?;
+        let refs: Vec<(Line, &Value)> = contents.iter().map(|(l, v)| (*l, v)).collect();
+        (Format::Gemini, gemini::read(&refs)?)
     } else if any(gemini::is_cli_record) {
         (Format::GeminiCli, gemini::read_cli_session(&refs)?)
     } else if any(gemini::is_content) {
@@ -717,15 +779,6 @@ fn positioned(text: &str, raw: &[&RawValue]) -> Result<Vec<(Line, Value)>, BadIn
         values.push((line, value));
     }
     Ok(values)
-}
-
-fn gemini_contents(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
-    let values = positioned(text, raw)?;
-    let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
-    Ok(Transcript {
-        format: Format::Gemini,
-        items: gemini::read(&refs)?,
-    })
 }
 
 fn responses_items(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
@@ -1011,7 +1064,8 @@ mod tests {
             items[9]
         );
         let rollout: String = std::iter::once(
-            r#"{"timestamp":"2025-09-01T10:00:00Z","type":"session_meta","payload":{"id":"s"}}"#.to_owned(),
+            r#"{"timestamp":"2025-09-01T10:00:00Z","type":"session_meta","payload":{"id":"s"}}"#
+                .to_owned(),
         )
         .chain(
             items

@@ -106,7 +106,10 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 
 /// The `timestamp` of a recorded line: `None` when it has none, an error naming the line when
 /// it is not an RFC 3339 date and time.
-pub(crate) fn of_line(line: Line, obj: &serde_json::Map<String, Value>) -> Result<Option<u64>, BadInput> {
+pub(crate) fn of_line(
+    line: Line,
+    obj: &serde_json::Map<String, Value>,
+) -> Result<Option<u64>, BadInput> {
     match obj.get("timestamp") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => parse_rfc3339(s).map(Some).ok_or_else(|| {
