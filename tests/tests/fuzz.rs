@@ -346,6 +346,10 @@ fn fuzz_the_transcript_reader() {
             "\"type\": \"assistant\"",
             "\"type\": \"function_call_output\"",
             "\"payload\": ",
+            "\"timestamp\": \"2025-06-01T12:34:56.789+02:00\"",
+            "\"record_type\": \"state\"",
+            "\"candidates\": [",
+            "\"finishReason\": \"STOP\"",
         ],
         run: |input| {
             if let Ok(text) = std::str::from_utf8(input) {

@@ -20,6 +20,10 @@
 //! The SDKs' snake_case spellings (`function_call`, `function_response`, `inline_data`, …) are
 //! read as well.
 //!
+//! Recorded `generateContent` responses (`{"candidates": [{"content": {"role": "model",
+//! "parts"}}], …}`), alone, after a request's `contents` in one record, or as streamed chunks,
+//! become the model contents they add ([`response_contents`]).
+//!
 //! Gemini CLI's own session files (`{"sessionId", "messages": [{"type": "user" | "gemini",
 //! "content", "toolCalls", "thoughts"}]}`) are read by [`read_cli_session`].
 

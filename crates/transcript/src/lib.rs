@@ -19,20 +19,26 @@
 //!   are reasoning; calls of tools the server runs (web search, file search, …) are skipped.
 //!   A run of output items is one assistant message ([`messages`]). A Codex session rollout
 //!   (JSON Lines of `{"type": "response_item", "payload": <item>}`) is read the same way, its
-//!   other lines (`session_meta`, `turn_context`, `event_msg`, `compacted`) skipped.
+//!   other lines (`session_meta`, `turn_context`, `event_msg`, `compacted`) skipped; so is
+//!   the older form Codex wrote before (a first line of session metadata, then bare items,
+//!   `{"record_type": "state"}` lines skipped) (`codex.rs`).
 //! - **Gemini contents** (Gemini CLI, google-genai): an array of `{"role", "parts"}` contents,
 //!   the same as JSON Lines, or a request body with `contents`; `functionCall` and
 //!   `functionResponse` parts are calls and results, paired by `id`, else with the oldest
-//!   unanswered call of the same name (`gemini.rs`). Gemini CLI's session files (an object
-//!   with `messages` of `user` and `gemini` records, whose `toolCalls` carry their results)
-//!   are read too.
+//!   unanswered call of the same name (`gemini.rs`). A `generateContent` response (an object
+//!   with `candidates`) is its first candidate's content; a record with both `contents` and
+//!   `candidates` is the request, then the response; JSON Lines or an array of responses
+//!   are streamed chunks, one model content per run ending with a `finishReason`. Gemini
+//!   CLI's session files (an object with `messages` of `user` and `gemini` records, whose
+//!   `toolCalls` carry their results) are read too.
 //! - **Claude Code sessions**: JSON Lines whose `user` and `assistant` lines hold Anthropic
 //!   messages; bookkeeping lines (`summary`, `system`, `file-history-snapshot`, …) are
 //!   skipped, and the several lines of one streamed message are one message
 //!   (`claude_code.rs`).
 //!
 //! Messages carry no time; each event is placed one second after the previous one unless the
-//! message has a numeric `time` (seconds). Tool-call arguments that are not valid JSON are kept
+//! message has a numeric `time` (seconds). Claude Code and Codex lines carry an RFC 3339
+//! `timestamp`, the time of the line's first event, never going back (`timestamp.rs`). Tool-call arguments that are not valid JSON are kept
 //! as raw text. A result whose id names no call is kept as it is (a transcript may start after
 //! its calls). Every reader is linear in its input and nests no deeper than the JSON reader's
 //! depth limit (128), so hostile input is an error naming its line, never a crash.
@@ -85,7 +91,8 @@ pub enum Format {
     /// OpenAI or Anthropic chat messages or OpenAI Responses items (an array, JSON Lines or a
     /// request body).
     Messages,
-    /// Gemini contents (an array, JSON Lines or a request body with `contents`).
+    /// Gemini contents (an array, JSON Lines or a request body with `contents`) or
+    /// `generateContent` responses.
     Gemini,
     /// A Claude Code session (JSON Lines of `user`, `assistant` and bookkeeping lines).
     ClaudeCode,
@@ -215,8 +222,8 @@ pub struct Item {
     pub line: Line,
     /// The session it belongs to (`main` when the transcript names none).
     pub session: String,
-    /// Event time in milliseconds: the recorded `time` (seconds), or one second after the
-    /// previous event (the first at 0).
+    /// Event time in milliseconds: the recorded `time` (seconds) or `timestamp` (since the
+    /// Unix epoch), or one second after the previous event (the first at 0).
     pub time_ms: u64,
     /// 1-based index of the assistant message this event belongs to (0 before the first).
     pub turn: u64,

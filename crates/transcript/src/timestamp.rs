@@ -29,9 +29,12 @@ pub(crate) fn parse_rfc3339(text: &str) -> Option<u64> {
     let hour = num(11, 2)?;
     let minute = num(14, 2)?;
     let second = num(17, 2)?;
-    if !(at(4, b'-') && at(7, b'-') && at(13, b':') && at(16, b':'))
-        || !matches!(b.get(10), Some(b'T' | b't' | b' '))
-    {
+    let separators = at(4, b'-')
+        && at(7, b'-')
+        && matches!(b.get(10), Some(b'T' | b't' | b' '))
+        && at(13, b':')
+        && at(16, b':');
+    if !separators {
         return None;
     }
     if !(1..=12).contains(&month)
