@@ -6,9 +6,12 @@
 //!   `turn_context`, `event_msg` UI events that repeat the items, `compacted` marks) are
 //!   skipped;
 //! - **older** (Codex before the `payload` lines): the first line is the session's metadata
-//!   (`{"id", "timestamp", "instructions"?, "git"?}`, no `type`), then one bare Responses item
-//!   per line (`message`, `function_call`, `function_call_output`, `local_shell_call`,
-//!   `reasoning`), with `{"record_type": "state", …}` snapshots between them, skipped.
+//!   (`{"id", "timestamp", "instructions"?, "git"?, …}`, no `type`), then one bare Responses
+//!   item per line (`message`, `function_call`, `function_call_output`, `local_shell_call`,
+//!   `reasoning`), with `{"record_type": "state", …}` snapshots between them, skipped. Some
+//!   versions mark lines with other record types: `response` (an item), `event` (a UI event
+//!   repeating the items), `session_meta` and `prev_session_meta` (metadata), the last three
+//!   skipped.
 //!
 //! The items are read as any list of Responses items ([`crate::messages`]). A line's RFC 3339
 //! `timestamp` (every line of the current form; items of some older versions) is the time of
@@ -29,8 +32,8 @@ const LINE_TYPES: &[&str] = &[
     "compacted",
 ];
 
-/// Keys of the older form's first line, the session's metadata.
-const LEGACY_META_KEYS: &[&str] = &["id", "timestamp", "instructions", "git"];
+/// Record types of the older form's lines that are not conversation items.
+const LEGACY_SKIPPED: &[&str] = &["state", "event", "session_meta", "prev_session_meta"];
 
 /// Whether a JSON Lines file whose first value is `first` is a Codex rollout of the current
 /// form.
@@ -43,14 +46,16 @@ pub(crate) fn is_rollout_line(first: &Value) -> bool {
 }
 
 /// Whether a JSON Lines file whose first value is `first` is a Codex rollout of the older form:
-/// an object with a string `id` and `timestamp` and nothing but the metadata's keys.
+/// session metadata, an object with a string `id` and `timestamp` and neither the `type` of an
+/// item or event nor a message's `role`.
 pub(crate) fn is_legacy_meta_line(first: &Value) -> bool {
     let Value::Object(obj) = first else {
         return false;
     };
     obj.get("id").is_some_and(Value::is_string)
         && obj.get("timestamp").is_some_and(Value::is_string)
-        && obj.keys().all(|k| LEGACY_META_KEYS.contains(&k.as_str()))
+        && !obj.contains_key("type")
+        && !obj.contains_key("role")
 }
 
 /// Reads a rollout of the current form.
@@ -99,11 +104,14 @@ pub(crate) fn read_legacy(text: &str) -> Result<Transcript, BadInput> {
         };
         match obj.get("record_type") {
             None => {}
-            Some(Value::String(r)) if r == "state" => continue,
+            Some(Value::String(r)) if r == "response" => {}
+            Some(Value::String(r)) if LEGACY_SKIPPED.contains(&r.as_str()) => continue,
             Some(Value::String(r)) => {
                 return Err(BadInput::at(
                     n,
-                    format!("unknown `record_type` `{r}`; a rollout records only `state`"),
+                    format!(
+                        "unknown `record_type` `{r}`; expected response, state, event, session_meta or prev_session_meta"
+                    ),
                 ));
             }
             Some(_) => return Err(BadInput::at(n, "`record_type` must be a string")),
@@ -163,7 +171,8 @@ mod tests {
 {"record_type":"state","previous_response_id":"resp_1"}
 {"type":"local_shell_call","id":null,"call_id":"call_2","status":"completed","action":{"type":"exec","command":["ls","-la"],"timeout_ms":null,"working_directory":null,"env":null,"user":null}}
 {"type":"function_call_output","call_id":"call_2","output":"total 0"}
-{"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"Two files."}]}
+{"record_type":"event","id":"0","msg":{"type":"agent_message","message":"Two files."}}
+{"record_type":"response","type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"Two files."}]}
 "#;
 
     #[test]
@@ -173,7 +182,7 @@ mod tests {
         let items: String = LEGACY
             .lines()
             .skip(1)
-            .filter(|l| !l.contains("record_type"))
+            .filter(|l| !l.contains("record_type") || l.contains("\"response\""))
             .collect::<Vec<_>>()
             .join(",\n");
         assert_eq!(strip(LEGACY), strip(&format!("[{items}]")));
@@ -183,10 +192,19 @@ mod tests {
             ["user", "text", "call", "result", "call", "result", "text"]
         );
         let lines: Vec<usize> = t.items.iter().map(|i| i.line).collect();
-        assert_eq!(lines, [2, 4, 4, 6, 8, 9, 10]);
+        assert_eq!(lines, [2, 4, 4, 6, 8, 9, 11]);
         // Its items carry no time: one second apart.
         let times: Vec<u64> = t.items.iter().map(|i| i.time_ms).collect();
         assert_eq!(times, [0, 1000, 2000, 3000, 4000, 5000, 6000]);
+        // Metadata marked with its record type and more keys, as some versions write it.
+        let t = parse(
+            r#"{"record_type":"session_meta","id":"s","timestamp":"2025-08-01T09:00:00.000Z","cwd":"/repo","originator":"codex_cli_rs","cli_version":"0.20.0"}
+{"type":"message","role":"user","content":[{"type":"input_text","text":"go"}]}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(&t.items[..], [i] if matches!(&i.kind, Kind::User { text, .. } if text == "go"))
+        );
     }
 
     #[test]
