@@ -21,9 +21,9 @@
 //! from it (milliseconds since the epoch), so time-based settings (`ttl`, idle sessions) act on
 //! replay as they did live; the message's other events, and those of lines without one, follow
 //! one second apart, and time never goes back (`timestamp.rs`). A timestamp that is not RFC
-//! 3339 is an error naming its line. Blank lines and lines starting with `//` are skipped; a line that is
-//! not a JSON object, has no string `type`, or is a `user`/`assistant` line without a
-//! `message` object is an error naming it.
+//! 3339 is an error naming its line. Blank lines and lines starting with `//` are skipped; a
+//! line that is not a JSON object, has no string `type`, or is a `user`/`assistant` line
+//! without a `message` object is an error naming it.
 
 use std::collections::{HashMap, HashSet};
 

@@ -38,10 +38,11 @@
 //!
 //! Messages carry no time; each event is placed one second after the previous one unless the
 //! message has a numeric `time` (seconds). Claude Code and Codex lines carry an RFC 3339
-//! `timestamp`, the time of the line's first event, never going back (`timestamp.rs`). Tool-call arguments that are not valid JSON are kept
-//! as raw text. A result whose id names no call is kept as it is (a transcript may start after
-//! its calls). Every reader is linear in its input and nests no deeper than the JSON reader's
-//! depth limit (128), so hostile input is an error naming its line, never a crash.
+//! `timestamp`, the time of the line's first event, never going back (`timestamp.rs`).
+//! Tool-call arguments that are not valid JSON are kept as raw text. A result whose id names
+//! no call is kept as it is (a transcript may start after its calls). Every reader is linear
+//! in its input and nests no deeper than the JSON reader's depth limit (128), so hostile input
+//! is an error naming its line, never a crash.
 //!
 //! ```
 //! use loopguard_transcript::{Format, Kind, parse};
