@@ -6,7 +6,8 @@
 //! ruling out what cannot start a masker), `sketch` the near-duplicate sketch, this file the
 //! digest and the classification; `reference` (tests only) the maskers, the sketch and the
 //! outcome written plainly, which property tests hold the others to, bit for bit (digests and
-//! sketches are kept in session snapshots, so they never change for the same text).
+//! sketches are kept in session snapshots, so they never change for the same text within a
+//! snapshot version).
 //!
 //! The work per result is bounded: a result longer than twice `results.max_bytes` is masked
 //! and hashed by its first and last `max_bytes` only (joined by `\n<…>\n`); the sketch reads
@@ -72,6 +73,9 @@ pub struct ResultRules {
 pub struct Outcome {
     pub digest: u64,
     /// A near-duplicate sketch of the masked text (see [`sketch()`]); `None` for short results.
+    /// A failure's is keyed (XOR) by a hash of the error line its signature names, when it
+    /// names one between its first and last lines: pages alike around different errors are far
+    /// apart, pages alike around the same error stay close.
     pub sketch: Option<u64>,
     pub error: bool,
     pub empty: bool,
@@ -222,7 +226,7 @@ impl ResultRules {
         // between them that names an error ([`names_error`]): the same error for different
         // attempts (other content, other arguments echoed in between) is the same outcome,
         // while a harness's fixed header and footer around another error are not.
-        let digest = if error {
+        let (digest, named_key) = if error {
             let mut lines = masked
                 .lines()
                 .map(str::trim)
@@ -239,17 +243,24 @@ impl ResultRules {
             signature_line(&mut h, first.as_bytes());
             h.byte(b'\n');
             signature_line(&mut h, last.as_bytes());
-            if let Some(named) = named {
+            let named_key = named.map_or(0, |named| {
                 h.byte(b'\n');
                 signature_line(&mut h, named.as_bytes());
-            }
-            h.finish()
+                let mut k = StreamHasher::new();
+                k.byte(2);
+                signature_line(&mut k, named.as_bytes());
+                k.finish()
+            });
+            (h.finish(), named_key)
         } else {
-            digest_folding_ends(without_id_ends(masked))
+            (digest_folding_ends(without_id_ends(masked)), 0)
         };
         Outcome {
             digest,
-            sketch: sketch(masked),
+            // A failure's sketch is keyed by the error it names: near-duplicate pages around
+            // different errors (a linter's report of other errors, the rest the agent's own
+            // proposal echoed back) are sketches far apart.
+            sketch: sketch(masked).map(|s| s ^ named_key),
             error,
             // A failure that says nothing but its exit code (`grep` finding no match) is an
             // empty answer.

@@ -39,10 +39,43 @@ use serde_json::{Map, Value};
 /// reads and the migrations between them.
 pub const SNAPSHOT: Format = Format {
     what: "snapshot",
-    current: 1,
+    current: 2,
     oldest: 1,
-    migrations: &[],
+    migrations: &[v1_to_v2],
 };
+
+/// Version 2 keys a failure's near-duplicate sketch by the error line it names
+/// ([`crate::normalize`]): a version-1 failure's sketch compares with none of them, so it is
+/// dropped (its record's `SKETCH` flag cleared; the record then matches failures by digest
+/// alone). The body is otherwise the same.
+fn v1_to_v2(mut fields: Map<String, Value>) -> Result<Map<String, Value>, String> {
+    use crate::detect::flag::{ERROR, SKETCH};
+    fn window(session: &mut Map<String, Value>) {
+        let Some(Value::Array(records)) = session.get_mut("window") else {
+            return;
+        };
+        for r in records {
+            if let Some(Value::Number(n)) = r.get_mut("flags")
+                && let Some(f) = n.as_u64()
+                && f & u64::from(ERROR) != 0
+                && f & u64::from(SKETCH) != 0
+            {
+                *n = (f & !u64::from(SKETCH)).into();
+            }
+        }
+    }
+    match fields.get_mut("sessions") {
+        Some(Value::Object(sessions)) => {
+            for s in sessions.values_mut() {
+                if let Value::Object(s) = s {
+                    window(s);
+                }
+            }
+        }
+        _ => window(&mut fields),
+    }
+    Ok(fields)
+}
 
 /// Why a snapshot could not be read or restored.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +118,7 @@ pub(crate) fn open<T: for<'de> Deserialize<'de>>(snapshot: &Value) -> Result<T, 
         .map_err(|e| SnapshotError::Malformed(e.to_string()))
 }
 
-/// Version 1 of a session's state.
+/// A session's state (versions 1 and 2 share this shape; see [`v1_to_v2`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SessionV1 {
@@ -275,7 +308,7 @@ pub(crate) struct CallRefV1 {
     pub call_id: String,
 }
 
-/// Version 1 of a whole engine: its sessions by id, and its in-memory group state.
+/// A whole engine (versions 1 and 2): its sessions by id, and its in-memory group state.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EngineV1 {

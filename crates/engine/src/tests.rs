@@ -307,6 +307,128 @@ fn error_page(slug: &str) -> String {
     )
 }
 
+/// A linter's rejection of a proposed edit: a fixed header and footer around the error it
+/// found and the proposal echoed back whole.
+fn lint_rejection(error: &str, proposal: &str) -> String {
+    let echoed: String = proposal
+        .lines()
+        .enumerate()
+        .map(|(i, l)| format!("{}:{l}\n", i + 1))
+        .collect();
+    format!(
+        "Your proposed edit has introduced new syntax error(s). Please read this error message \
+         carefully and then retry editing the file.\nERRORS:\n- {error}\nThis is how your edit \
+         would have looked if applied\n-----\n{echoed}-----\nThis is the original code before \
+         your edit\n-----\n1:\n-----\nYour changes have NOT been applied. Please fix your edit \
+         command and try again.\nDO NOT re-run the same failed edit command."
+    )
+}
+
+/// The proposal an agent revises between lint rejections.
+const PROPOSAL: &str = "def words(constant, min_length):\n    processed = []\n    raw = []\n    \
+    for word in re.findall(r'[a-z]+', constant):\n        word = word.strip()\n        if \
+    len(word) >= min_length and not word.startswith('-'):\n            if is_camel(word):\n                \
+    raw.append(word)\n            else:\n                processed.append(word.lower())\n    \
+    return processed, raw\nprint(complexity(words))";
+
+#[test]
+fn near_duplicate_rejections_naming_other_errors_are_different_outcomes() {
+    // Each revision fixes what the linter named and the next report names something else; the
+    // rest of each page (the header, the footer, the proposal echoed back) is nearly the same.
+    let mut h = H::default();
+    for (i, error) in [
+        "E999 SyntaxError: '(' was never closed",
+        "F821 undefined name 're'",
+        "F821 undefined name 'is_camel'",
+        "E999 IndentationError: unexpected indent",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let proposal = format!(
+            "{PROPOSAL}\n# revision {}",
+            ["one", "two", "three", "four"][i]
+        );
+        let (c, r) = h.bash(
+            &format!("edit 1:1\n{proposal}\nend_of_edit"),
+            &lint_rejection(error, &proposal),
+            true,
+        );
+        assert!(c.is_allow() && r.is_allow(), "revision {i}: {c:?} {r:?}");
+    }
+    // The same error each time is one outcome, however the proposal changed.
+    let mut h = H::default();
+    let mut flagged = None;
+    for (i, word) in ["one", "two", "three"].iter().enumerate() {
+        let proposal = format!("{PROPOSAL}\n# revision {word}");
+        let (_, r) = h.bash(
+            &format!("edit 1:1\n{proposal}\nend_of_edit"),
+            &lint_rejection("E999 SyntaxError: '(' was never closed", &proposal),
+            true,
+        );
+        if flagged.is_none() && !r.is_allow() {
+            flagged = Some((i + 1, det(&r).map(str::to_owned)));
+        }
+    }
+    assert_eq!(flagged, Some((3, Some("same_outcome".to_owned()))));
+}
+
+/// Version 1 sketched failures without their named error line: restored, such a failure
+/// keeps its digest but no sketch, and the snapshot written back is version 2.
+#[test]
+fn a_version_1_snapshot_drops_the_sketches_of_its_failures() {
+    let mut h = H::default();
+    let (_, _) = h.bash(
+        "edit 1:1",
+        &lint_rejection("F821 undefined name 're'", PROPOSAL),
+        true,
+    );
+    let (_, _) = h.bash("cat notes.txt", &PROPOSAL.repeat(2), false);
+    let snap = h.engine.snapshot_session("s").unwrap();
+    assert_eq!(snap["version"], 2);
+    let flags = |s: &Value| -> Vec<u64> {
+        s["window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["flags"].as_u64().unwrap())
+            .collect()
+    };
+    let sketched = |f: u64| f & u64::from(crate::detect::flag::SKETCH) != 0;
+    assert!(flags(&snap).into_iter().all(sketched), "{snap}");
+    let mut old = snap.clone();
+    old["version"] = json!(1);
+    let restored = Engine::new(default_config());
+    restored.restore_session("s", &old).unwrap();
+    let back = restored.snapshot_session("s").unwrap();
+    assert_eq!(back["version"], 2);
+    let kept: Vec<bool> = flags(&back).into_iter().map(sketched).collect();
+    assert_eq!(
+        kept,
+        [false, true],
+        "the failure's sketch dropped, the success's kept"
+    );
+    let digests = |s: &Value| {
+        s["window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["digest"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(digests(&back), digests(&snap));
+    // The same through a whole-engine snapshot.
+    let mut whole = h.engine.snapshot();
+    whole["version"] = json!(1);
+    let restored = Engine::new(default_config());
+    restored.restore(&whole).unwrap();
+    let back = restored.snapshot_session("s").unwrap();
+    assert_eq!(
+        flags(&back).into_iter().map(sketched).collect::<Vec<_>>(),
+        [false, true]
+    );
+}
+
 #[test]
 fn near_duplicate_failures_of_different_calls_are_one_outcome() {
     let mut h = H::default();

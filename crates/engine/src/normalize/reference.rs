@@ -532,28 +532,54 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
                     || rules.error_tails.iter().any(|re| re.is_match(tail))
             }
         };
-    // A failure is known by its signature, its first and last lines: the same error for
-    // different attempts (other content, other arguments echoed in between) is the same
-    // outcome.
-    let digest = if error {
-        let mut lines = masked
+    // A failure is known by its signature, its first and last lines and, when neither names
+    // an error, the first line between them that does: the same error for different attempts
+    // (other content, other arguments echoed in between) is the same outcome. Its sketch is
+    // keyed by that named line.
+    let (digest, named_key) = if error {
+        let lines: Vec<&str> = masked
             .lines()
             .map(str::trim)
-            .filter(|l| !l.is_empty() && !super::is_label_line(l));
-        let first = lines.next().unwrap_or("");
-        let last = lines.next_back().unwrap_or("");
+            .filter(|l| !l.is_empty() && !super::is_label_line(l))
+            .collect();
+        let first = lines.first().copied().unwrap_or("");
+        let last = if lines.len() > 1 {
+            lines[lines.len() - 1]
+        } else {
+            ""
+        };
+        let middle = lines
+            .get(1..lines.len().saturating_sub(1))
+            .unwrap_or_default();
+        let named = if super::names_error(first) || super::names_error(last) {
+            None
+        } else {
+            middle
+                .iter()
+                .take(super::SIGNATURE_SCAN_LINES)
+                .find(|l| super::names_error(l))
+        };
         let mut h = StreamHasher::new();
         h.byte(1);
         signature_line(&mut h, first.as_bytes());
         h.byte(b'\n');
         signature_line(&mut h, last.as_bytes());
-        h.finish()
+        let mut named_key = 0;
+        if let Some(named) = named {
+            h.byte(b'\n');
+            signature_line(&mut h, named.as_bytes());
+            let mut k = StreamHasher::new();
+            k.byte(2);
+            signature_line(&mut k, named.as_bytes());
+            named_key = k.finish();
+        }
+        (h.finish(), named_key)
     } else {
-        digest_folding_ends(super::without_id_ends(masked))
+        (digest_folding_ends(super::without_id_ends(masked)), 0)
     };
     Outcome {
         digest,
-        sketch: sketch_plain(masked),
+        sketch: sketch_plain(masked).map(|s| s ^ named_key),
         error,
         empty: (error && super::says_nothing(masked))
             || rules.empty.iter().any(|re| re.is_match(buf)),

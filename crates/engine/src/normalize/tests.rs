@@ -438,6 +438,11 @@ const PIECES: &[&str] = &[
     "\x1b[31m",
     "\x1b]0;t\x07",
     "\x1b]0;t\x1b\\",
+    // Lines that name an error: a failure's signature, and the key of its sketch.
+    "ValueError: bad 'x'",
+    "KeyError",
+    "error: no",
+    "Traceback (most recent call last):",
     "\x1b",
     "é",
     "€",
