@@ -17,7 +17,9 @@
 //!   (1.0 when the digests are equal).
 //!
 //! A result at least `similarity` similar to an earlier result of the same tool joins that
-//! result's group. When a group holds `min_count` results within the session's last `window`
+//! result's group; a failure only joins a failure naming the same error (the first line that
+//! names an error type, such as `SyntaxError:`, or starts as `error:` does), so a linter's
+//! reports of different errors around the same echoed proposal are different outcomes. When a group holds `min_count` results within the session's last `window`
 //! results, coming from at least two different calls (exact repeats of one call are the built-in
 //! detectors' business), the plugin reports a detection whose key is the group's.
 //!
@@ -30,7 +32,7 @@
 //!
 //! Only the first `max_bytes` bytes of an output are read (default 64 KiB), so the time per
 //! event is linear in `min(output, max_bytes)` plus `window` sketch comparisons. Memory per
-//! session is `window` entries of 104 bytes, whatever the outputs' sizes, for at most
+//! session is `window` entries of 112 bytes, whatever the outputs' sizes, for at most
 //! `max_sessions` sessions (the least recently seen is forgotten first).
 //!
 //! # Configuration
@@ -395,6 +397,70 @@ pub fn normalize(output: &str, mask_numbers: bool, max_bytes: usize) -> String {
     normalize_text(head, mask_numbers)
 }
 
+/// Whether a line names an error: an error type (`SyntaxError:`, `java.io.IOException`: a word
+/// ending in `Error` or `Exception` after a letter) or a compiler's `error:` / `error[…]` start.
+fn names_error(line: &str) -> bool {
+    let t = line.trim_start();
+    if t.starts_with("error:") || t.starts_with("error[") {
+        return true;
+    }
+    ["Error", "Exception"].iter().any(|suffix| {
+        t.match_indices(suffix).any(|(at, _)| {
+            t[..at].chars().next_back().is_some_and(char::is_alphabetic)
+                && !t[at + suffix.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(char::is_alphanumeric)
+        })
+    })
+}
+
+/// Lines of an output searched for the error it names.
+const NAMED_ERROR_LINES: usize = 200;
+
+/// A hash of the first line of a failed output that names an error (0: none), normalized: two
+/// failures naming different errors are different failures, however alike the rest of the two
+/// outputs (a linter's report around the agent's own proposal echoed back whole).
+fn named_error(output: &str, mask_numbers: bool, max_bytes: usize) -> u64 {
+    let mut end = output.len().min(max_bytes);
+    while !output.is_char_boundary(end) {
+        end -= 1;
+    }
+    output[..end]
+        .lines()
+        .take(NAMED_ERROR_LINES)
+        .filter(|l| l.len() <= 1000)
+        .map(strip_ansi)
+        .find(|l| names_error(l))
+        .map_or(0, |l| {
+            fnv(normalize_text(&without_quoted(&l), mask_numbers).as_bytes()) | 1
+        })
+}
+
+/// A line with its quoted parts (`'x'`, `"x"`, `` `x` ``, up to 200 bytes, opened where no
+/// letter or digit comes before) as `<q>`: an error that echoes what it was given is the same
+/// error for other input.
+fn without_quoted(line: &str) -> String {
+    let b = line.as_bytes();
+    let mut out = String::with_capacity(line.len());
+    let (mut i, mut from) = (0, 0);
+    while i < b.len() {
+        let q = b[i];
+        let opens =
+            matches!(q, b'\'' | b'"' | b'`') && (i == 0 || !b[i - 1].is_ascii_alphanumeric());
+        if opens && let Some(len) = b[i + 1..].iter().take(200).position(|&c| c == q) {
+            out.push_str(&line[from..i]);
+            out.push_str("<q>");
+            i += len + 2;
+            from = i;
+            continue;
+        }
+        i += 1;
+    }
+    out.push_str(&line[from..]);
+    out
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sketches
 
@@ -460,6 +526,8 @@ struct Entry {
     call: u64,
     group: u64,
     sketch: Sketch,
+    /// The error a failure names ([`named_error`]; 0 for none and for successes).
+    named: u64,
     /// A failed or empty result.
     bad: bool,
     /// Its call was decided together with the previous one (one assistant message).
@@ -506,10 +574,22 @@ impl Results {
         } else {
             0
         };
+        // A shell command printing nothing succeeded quietly (`git add`, `mkdir`): not an empty
+        // answer; one that found nothing says so by its exit code.
+        let failed = ev.is_error || ev.exit_code.is_some_and(|c| c != 0);
+        let named = if failed {
+            named_error(ev.result, self.config.mask_numbers, self.config.max_bytes)
+        } else {
+            0
+        };
         let session = self.sessions.get(ev.session);
 
         let mut best: Option<(f64, u64)> = None;
-        for e in session.entries.iter().filter(|e| e.tool == tool) {
+        for e in session
+            .entries
+            .iter()
+            .filter(|e| e.tool == tool && e.named == named)
+        {
             let s = e.sketch.similarity(&sketch);
             if s >= threshold && best.is_none_or(|(b, _)| s > b) {
                 best = Some((s, e.group));
@@ -519,15 +599,13 @@ impl Results {
         if session.entries.len() >= window {
             session.entries.pop_front();
         }
-        // A shell command printing nothing succeeded quietly (`git add`, `mkdir`): not an empty
-        // answer; one that found nothing says so by its exit code.
-        let failed = ev.is_error || ev.exit_code.is_some_and(|c| c != 0);
         let bad = failed || (!ev.is_shell && empty(&normalized));
         session.entries.push_back(Entry {
             tool,
             call,
             group,
             sketch,
+            named,
             bad,
             batched: ev.batched,
         });
@@ -748,6 +826,62 @@ mod tests {
         assert!(last.is_some());
     }
 
+    /// A linter's rejection: the error it found, then the proposal echoed back whole.
+    fn rejection(error: &str, revision: usize) -> String {
+        const WORDS: [&str; 12] = [
+            "values", "weights", "total", "scale", "offset", "rows", "columns", "buffer", "header",
+            "footer", "cursor", "limit",
+        ];
+        // Forty different lines (line numbers are masked, so the words must differ).
+        let echoed: String = (0..40)
+            .map(|n| {
+                let (a, b, c) = (
+                    WORDS[n % 12],
+                    WORDS[(n / 12 + 5) % 12],
+                    WORDS[(n * 7 + 1) % 12],
+                );
+                format!("{n}:    {a} = merge_{b}({c}, {a}.{b})\n")
+            })
+            .collect();
+        format!(
+            "Your proposed edit has introduced new syntax error(s).\nERRORS:\n- {error}\n\
+             This is how your edit would have looked if applied\n{echoed}# revision {revision}\n\
+             Your changes have NOT been applied. Please fix your edit command and try again."
+        )
+    }
+
+    #[test]
+    fn failures_naming_other_errors_are_other_outcomes() {
+        let run = |errors: &[&str]| {
+            let mut d = detector();
+            let mut last = None;
+            for (i, error) in errors.iter().enumerate() {
+                let out = rejection(error, i);
+                let mut ev = result("edit", &out, i as u64 + 1);
+                ev.is_error = true;
+                last = d.on_event(&ev);
+            }
+            last
+        };
+        assert!(
+            run(&[
+                "E999 SyntaxError: '(' was never closed",
+                "F821 undefined name 're'",
+                "E999 IndentationError: unexpected indent",
+            ])
+            .is_none()
+        );
+        // The same error for other input (quoted parts) is one outcome.
+        assert!(
+            run(&[
+                "E999 SyntaxError: '(' was never closed",
+                "E999 SyntaxError: '[' was never closed",
+                "E999 SyntaxError: '{' was never closed",
+            ])
+            .is_some()
+        );
+    }
+
     #[test]
     fn same_error_with_volatile_parts() {
         let mut d = detector();
@@ -875,7 +1009,7 @@ mod tests {
         }
         let s = d.sessions.peek("s").unwrap();
         assert_eq!(s.entries.len(), 4);
-        assert_eq!(std::mem::size_of::<Entry>(), 104, "the documented bound");
+        assert_eq!(std::mem::size_of::<Entry>(), 112, "the documented bound");
     }
 
     #[test]
