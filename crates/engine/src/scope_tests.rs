@@ -615,9 +615,8 @@ fn a_session_snapshot_round_trips_through_json() {
 #[test]
 fn a_restored_session_keeps_its_count_of_rejected_turns() {
     let policy = Policy::builtin_default().policy.unwrap();
-    let rejection = "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml";
     // Rounds of a turn without a call and the same rejection; a restore after `cut` rounds.
-    let first_flag = |cut: Option<usize>| {
+    let first_flag = |cut: Option<usize>, rejection: &str| {
         let mut engine = Engine::builder(&policy).build().unwrap();
         for round in 0..6u64 {
             if cut == Some(round as usize) {
@@ -652,14 +651,21 @@ fn a_restored_session_keeps_its_count_of_rejected_turns() {
         }
         None
     };
-    let straight = first_flag(None);
-    assert_eq!(straight, Some(3), "the 4th rejected turn");
-    for cut in 1..4 {
-        assert_eq!(
-            first_flag(Some(cut)),
-            straight,
-            "restored after {cut} rounds"
-        );
+    // A rejection the policy knows for the host's, and a check's short output that is the
+    // host's from its second sending on (the turn the first one ended counts again).
+    for rejection in [
+        "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml",
+        "find: src: No such file or directory",
+    ] {
+        let straight = first_flag(None, rejection);
+        assert_eq!(straight, Some(3), "the 4th rejected turn: {rejection}");
+        for cut in 1..4 {
+            assert_eq!(
+                first_flag(Some(cut), rejection),
+                straight,
+                "restored after {cut} rounds: {rejection}"
+            );
+        }
     }
 }
 

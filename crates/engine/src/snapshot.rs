@@ -262,6 +262,9 @@ pub(crate) struct TextV1 {
     pub reply: u64,
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub same_replies: u32,
+    /// The turns without a tool call the last message taken for a person's ended.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub ended_by_person: u32,
 }
 
 fn is_zero_u64(n: &u64) -> bool {

@@ -1637,6 +1637,35 @@ fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
     );
 }
 
+/// A check the host runs after every turn, failing the same way each time, answered as a user
+/// message (Aider reflecting a failing test command's output): short as it is, its second
+/// sending in the same words is the host's reply rejecting the turn, and so was the first.
+/// Four turns each rejected alike are a monologue (`monologue.same_reply_threshold`).
+#[test]
+fn turns_each_rejected_by_the_same_short_check_output_are_a_monologue_sooner() {
+    let first_flag = |reply: &str| {
+        let mut h = H::default();
+        let mut flagged = None;
+        for (n, turn) in (1..).zip([
+            "Creating the three module files now, then a compile check.",
+            "The directory is missing, so I will output the same files again.",
+            "The error means src is missing; here are the files once more.",
+            "The error means src is missing; here are the files once more.",
+            "Writing all three files again with the full contents.",
+        ]) {
+            let v = h.text(turn, false, false);
+            if flagged.is_none() && det(&v) == Some("monologue") {
+                flagged = Some(n);
+            }
+            h.user(reply, false);
+        }
+        flagged
+    };
+    assert_eq!(first_flag("find: src: No such file or directory"), Some(4));
+    // A person's short answer, the same each time, rejects nothing: each one is an answer.
+    assert_eq!(first_flag("ok, go ahead"), None);
+}
+
 /// A framework's own "go on" prompt, in words no pattern knows, sent after every turn without
 /// a tool call: from its second sending on it is the framework's, so the turns add up to a
 /// monologue.
@@ -1663,8 +1692,9 @@ fn turns_each_followed_by_the_same_long_prompt_are_a_monologue() {
         }
         h.user(prompt, false);
     }
-    // The first prompt is taken for a person's; the six turns after it are a monologue.
-    assert_eq!(flagged, Some(7));
+    // The first prompt is taken for a person's until its second sending shows it is the
+    // host's: then the turn it ended counts again, and the 6th turn is a monologue.
+    assert_eq!(flagged, Some(6));
 }
 
 #[test]

@@ -587,7 +587,7 @@ detector_section! {
         /// regexes on an automated reply that mean it rejects the turn it answers (a prompt to
         /// go on, `continue`, rejects nothing: the next turn may well be new work)
         reject_patterns: Vec<Regex> = REGEXES,
-            r#"['(?i)\b(error|errors|exception|failed|failure|invalid|incomplete|unknown|unsupported|unrecognized|not (allowed|supported|recognized|found|valid|permitted)|did not|didn''t|could not|couldn''t|cannot|can''t|must|missing)\b', '(?i)^\s*exitcode: [1-9]']"#;
+            r#"['(?i)\b(error|errors|exception|failed|failure|invalid|incomplete|unknown|unsupported|unrecognized|not (allowed|supported|recognized|found|valid|permitted)|did not|didn''t|could not|couldn''t|cannot|can''t|must|missing|no such|does not exist|doesn''t exist)\b', '(?i)^\s*exitcode: [1-9]']"#;
     }
 }
 

@@ -105,6 +105,10 @@ pub struct TextState {
     /// replies in a row were the same.
     pub reply: u64,
     pub same_replies: u32,
+    /// The turns without a tool call that the last message taken for a person's ended (0 once
+    /// a call or another message came): restored when the same words come again and so turn
+    /// out to be the host's.
+    pub ended_by_person: u32,
     /// Dropped when a message ends, so idle sessions keep no text buffers.
     pub chant: Option<Box<Chant>>,
 }
@@ -114,6 +118,7 @@ impl TextState {
     pub fn end_turn(&mut self) {
         self.monologue = 0;
         self.same_replies = 0;
+        self.ended_by_person = 0;
         self.turn = TurnText::default();
         self.chant = None;
     }

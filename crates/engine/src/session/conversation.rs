@@ -83,22 +83,37 @@ impl Session {
     pub(super) fn on_user(&mut self, u: &UserMessage<'_>) -> Verdict {
         let user = &self.rules.config.user;
         // The same words as the last message judged a person's: a framework's fixed prompt
-        // sent with every step, or a person pasting again what changed nothing. Short
-        // messages are left out: a person answers "go" or "yes" to each question.
+        // sent with every step, its reply rejecting each turn the same way (a check failing
+        // alike), or a person pasting again what changed nothing. Other short messages are
+        // left out: a person answers "go" or "yes" to each question.
         let text = u.text.trim();
-        let digest = if said_again_length(text) {
+        let rejects = &self.rules.config.detectors.monologue.reject_patterns;
+        let rejecting = rejects.iter().any(|re| re.is_match(text));
+        let digest = if said_again_length(text) || rejecting {
             crate::hash::hash_str(text) | 1
         } else {
             0
         };
         let again = digest != 0 && digest == self.last_user;
         if u.injected || again || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
+            if let Some(ts) = &mut self.text
+                && again
+                && ts.ended_by_person > 0
+            {
+                // The first sending was the host's too: the turns it ended count again, and
+                // it was the same reply to them.
+                ts.monologue = ts.monologue.saturating_add(ts.ended_by_person);
+                ts.ended_by_person = 0;
+                if rejecting {
+                    ts.reply = crate::hash::hash_str(text);
+                    ts.same_replies = 1;
+                }
+            }
             // A reply rejecting a turn without a tool call: the same one as the last such
             // reply counts towards `monologue.same_reply_threshold`.
-            let rejects = &self.rules.config.detectors.monologue.reject_patterns;
             if let Some(ts) = &mut self.text {
-                if ts.monologue > 0 && rejects.iter().any(|re| re.is_match(u.text)) {
-                    let digest = crate::hash::hash_str(u.text.trim());
+                if ts.monologue > 0 && rejecting {
+                    let digest = crate::hash::hash_str(text);
                     ts.same_replies = if ts.same_replies > 0 && digest == ts.reply {
                         ts.same_replies.saturating_add(1)
                     } else {
@@ -112,8 +127,10 @@ impl Session {
             return Verdict::allow();
         }
         self.last_user = digest;
-        if let Some(text) = &mut self.text {
-            text.end_turn();
+        if let Some(ts) = &mut self.text {
+            let ended = ts.monologue;
+            ts.end_turn();
+            ts.ended_by_person = ended;
         }
         let allowance = allowance(user, u.text);
         let retry = user

@@ -122,6 +122,7 @@ impl Session {
                 monologue: t.monologue,
                 reply: t.reply,
                 same_replies: t.same_replies,
+                ended_by_person: t.ended_by_person,
             }
         });
         SessionV1 {
@@ -256,6 +257,7 @@ impl Session {
             state.monologue = t.monologue;
             state.reply = t.reply;
             state.same_replies = t.same_replies;
+            state.ended_by_person = t.ended_by_person;
             Box::new(state)
         });
         s.unknown = snap
