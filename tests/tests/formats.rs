@@ -116,6 +116,21 @@ fn the_timeline_names_each_shape() {
     }
 }
 
+/// Writes `text` to `name` in `dir` and runs `loopctl simulate` on it, which must refuse it
+/// (exit 1) and replay nothing; returns what it said.
+fn refused(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    let out = loopctl()
+        .args(["simulate", "--json"])
+        .arg(&path)
+        .output()
+        .expect("run loopctl");
+    assert_eq!(out.status.code(), Some(1), "{name}");
+    assert!(out.stdout.is_empty(), "{name}: nothing replayed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_malformed_line_of_a_new_shape_is_named_and_nothing_is_replayed() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -127,16 +142,7 @@ fn a_malformed_line_of_a_new_shape_is_named_and_nothing_is_replayed() {
         4,
         r#"{"type":"assistant","sessionId":"s1","message":"oops"}"#,
     );
-    let path = dir.path().join("broken.jsonl");
-    std::fs::write(&path, lines.join("\n")).expect("write");
-    let out = loopctl()
-        .args(["simulate", "--json"])
-        .arg(&path)
-        .output()
-        .expect("run loopctl");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(out.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused(dir.path(), "broken.jsonl", &lines.join("\n"));
     assert!(
         stderr.contains("broken.jsonl:5: `message` must be a JSON object"),
         "{stderr}"
@@ -214,16 +220,7 @@ fn a_garbage_timestamp_is_named() {
                 "2026-01-01T00:00:03.000Z and then some",
                 1,
             );
-    let path = dir.path().join("garbage.jsonl");
-    std::fs::write(&path, text).expect("write");
-    let out = loopctl()
-        .args(["simulate", "--json"])
-        .arg(&path)
-        .output()
-        .expect("run loopctl");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(out.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused(dir.path(), "garbage.jsonl", &text);
     assert!(
         stderr.contains("garbage.jsonl:4: `timestamp`") && stderr.contains("RFC 3339"),
         "{stderr}"
