@@ -6,8 +6,9 @@
 //! [`MEMORY_BOUND`] at its peak (counted exactly by `allocation-counter`, per thread).
 //!
 //! Targets: the policy loader (parse, check, compile, and every diagnostic rendered as text and
-//! JSON), the transcript reader (all three formats), and the proxy's request parser, response
-//! judge and SSE stream parser (`loopguard_proxy::fuzzing`).
+//! JSON), the transcript reader (all three formats), the engine's snapshot restore (a session's
+//! and a whole engine's, then events on what was restored), and the proxy's request parser,
+//! response judge and SSE stream parser (`loopguard_proxy::fuzzing`).
 //!
 //! Inputs start from the seeds in `tests/fuzz/seeds/<target>/` and the project's shipped
 //! policies, fixtures and example transcripts, and are mutated (bit flips, interesting bytes,
@@ -392,6 +393,155 @@ const JSON_TOKENS: &[&str] = &[
 ];
 
 /// The wire formats the proxy parses.
+/// The built-in default policy, resolved once.
+fn default_config() -> &'static loopguard_rules::Config {
+    static CONFIG: std::sync::OnceLock<loopguard_rules::Config> = std::sync::OnceLock::new();
+    CONFIG.get_or_init(|| {
+        loopguard_rules::Policy::builtin_default()
+            .policy
+            .expect("the default policy")
+            .resolve(None, None)
+    })
+}
+
+/// Events every restored session is then given: a call, its failing result, text, a person's
+/// message and the same call again.
+fn after_restore(engine: &loopguard_engine::Engine, session: &str) {
+    use loopguard_engine::{Arguments, Call, Event, Text, ToolResult, UserMessage};
+    let args = serde_json::json!({"command": "cargo test"});
+    let time_ms = u64::MAX / 2;
+    for (i, id) in ["f1", "f2"].iter().enumerate() {
+        let _ = engine.observe(&Event::Call(Call {
+            session,
+            call_id: id,
+            tool: "bash",
+            arguments: Arguments::Json(&args),
+            time_ms: time_ms + i as u64,
+        }));
+        let _ = engine.observe(&Event::Result(ToolResult {
+            session,
+            call_id: id,
+            output: "error[E0425]: cannot find value `x` in this scope",
+            is_error: true,
+            exit_code: Some(101),
+            time_ms: time_ms + i as u64,
+        }));
+        let _ = engine.observe(&Event::Text(Text {
+            session,
+            text: "The build still fails the same way.",
+            chunk: false,
+            end_of_turn: true,
+            reasoning: false,
+            narration: false,
+            time_ms,
+        }));
+        let _ = engine.observe(&Event::User(UserMessage {
+            session,
+            text: "find: src: No such file or directory",
+            injected: false,
+            time_ms,
+        }));
+    }
+    let _ = engine.snapshot_session(session);
+}
+
+fn restore_snapshot(input: &[u8]) {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(input) else {
+        return;
+    };
+    let engine = loopguard_engine::Engine::new(default_config().clone());
+    if engine.restore_session("s", &value).is_ok() {
+        after_restore(&engine, "s");
+    }
+    let engine = loopguard_engine::Engine::new(default_config().clone());
+    if engine.restore(&value).is_ok() {
+        after_restore(&engine, "s");
+        let _ = engine.snapshot();
+    }
+}
+
+/// Snapshots of sessions that saw every kind of event, as seeds: one session's, and the whole
+/// engine's.
+fn snapshot_seeds() -> Vec<Vec<u8>> {
+    use loopguard_engine::{Arguments, Call, Event, Text, ToolResult, UserMessage};
+    let engine = loopguard_engine::Engine::new(default_config().clone());
+    let s = "s";
+    for i in 0..8u64 {
+        let args = serde_json::json!({"command": format!("echo 'x' > f{} && cargo test", i % 3)});
+        let id = format!("c{i}");
+        let _ = engine.observe(&Event::Call(Call {
+            session: s,
+            call_id: &id,
+            tool: if i % 4 == 3 { "write_file" } else { "bash" },
+            arguments: Arguments::Json(&args),
+            time_ms: i * 1000,
+        }));
+        let output =
+            "Traceback (most recent call last):\n  File \"t.py\", line 3\nValueError: bad 'x'\n"
+                .repeat(1 + i as usize % 3);
+        let _ = engine.observe(&Event::Result(ToolResult {
+            session: s,
+            call_id: &id,
+            output: &output,
+            is_error: i % 2 == 0,
+            exit_code: None,
+            time_ms: i * 1000 + 10,
+        }));
+        let _ = engine.observe(&Event::Text(Text {
+            session: s,
+            text: "Let me think about this once more before I act, and try again.",
+            chunk: false,
+            end_of_turn: true,
+            reasoning: false,
+            narration: false,
+            time_ms: i * 1000 + 20,
+        }));
+        let _ = engine.observe(&Event::User(UserMessage {
+            session: s,
+            text: "Determine the single next command to run and reply in the JSON format.",
+            injected: false,
+            time_ms: i * 1000 + 30,
+        }));
+    }
+    let mut seeds = vec![
+        serde_json::to_vec(&engine.snapshot_session(s).expect("a session")).unwrap(),
+        serde_json::to_vec(&engine.snapshot()).unwrap(),
+    ];
+    // The same as version 1, which restore migrates.
+    let mut old = engine.snapshot_session(s).expect("a session");
+    old["version"] = serde_json::json!(1);
+    seeds.push(serde_json::to_vec(&old).unwrap());
+    seeds
+}
+
+#[test]
+fn fuzz_the_snapshot_restore() {
+    fuzz(Target {
+        name: "snapshot",
+        seeds: snapshot_seeds(),
+        tokens: &[
+            "\"version\": 1",
+            "\"version\": 2",
+            "\"flags\": 65535",
+            "\"seq\": 4294967295",
+            "\"monologue\": 4294967295",
+            "\"ended_by_person\": 4294967295",
+            "\"same_replies\": 4294967295",
+            "\"sketch\": \"ffffffffffffffff\"",
+            "\"last_user\": \"0000000000000001\"",
+            "\"window\": []",
+            "\"files\": [{\"target\": 1, \"content\": 2, \"seq\": 1}]",
+            "\"time\": 4294967295",
+            "\"epoch_ms\": 18446744073709551615",
+            "\"sessions\": {}",
+            "null",
+            "-1",
+            "1e400",
+        ],
+        run: restore_snapshot,
+    });
+}
+
 const WIRES: [loopguard_proxy::Wire; 3] = [
     loopguard_proxy::Wire::Chat,
     loopguard_proxy::Wire::Messages,
