@@ -404,43 +404,62 @@ fn default_config() -> &'static loopguard_rules::Config {
     })
 }
 
-/// Events every restored session is then given: a call, its failing result, text, a person's
-/// message and the same call again.
-fn after_restore(engine: &loopguard_engine::Engine, session: &str) {
+/// One round of a session: a call, its result, a turn of text and a user message.
+struct Round<'a> {
+    tool: &'a str,
+    command: &'a str,
+    output: &'a str,
+    is_error: bool,
+    user: &'a str,
+}
+
+fn play(engine: &loopguard_engine::Engine, session: &str, id: &str, time_ms: u64, r: &Round<'_>) {
     use loopguard_engine::{Arguments, Call, Event, Text, ToolResult, UserMessage};
-    let args = serde_json::json!({"command": "cargo test"});
-    let time_ms = u64::MAX / 2;
+    let args = serde_json::json!({ "command": r.command });
+    let _ = engine.observe(&Event::Call(Call {
+        session,
+        call_id: id,
+        tool: r.tool,
+        arguments: Arguments::Json(&args),
+        time_ms,
+    }));
+    let _ = engine.observe(&Event::Result(ToolResult {
+        session,
+        call_id: id,
+        output: r.output,
+        is_error: r.is_error,
+        exit_code: None,
+        time_ms: time_ms.saturating_add(10),
+    }));
+    let _ = engine.observe(&Event::Text(Text {
+        session,
+        text: "Let me think about this once more before I act, and try again.",
+        chunk: false,
+        end_of_turn: true,
+        reasoning: false,
+        narration: false,
+        time_ms: time_ms.saturating_add(20),
+    }));
+    let _ = engine.observe(&Event::User(UserMessage {
+        session,
+        text: r.user,
+        injected: false,
+        time_ms: time_ms.saturating_add(30),
+    }));
+}
+
+/// What every restored session is then given: the same failing call twice, each followed by
+/// text and a short rejecting reply, near the end of time; then a snapshot of it.
+fn after_restore(engine: &loopguard_engine::Engine, session: &str) {
+    let round = Round {
+        tool: "bash",
+        command: "cargo test",
+        output: "error[E0425]: cannot find value `x` in this scope",
+        is_error: true,
+        user: "find: src: No such file or directory",
+    };
     for (i, id) in ["f1", "f2"].iter().enumerate() {
-        let _ = engine.observe(&Event::Call(Call {
-            session,
-            call_id: id,
-            tool: "bash",
-            arguments: Arguments::Json(&args),
-            time_ms: time_ms + i as u64,
-        }));
-        let _ = engine.observe(&Event::Result(ToolResult {
-            session,
-            call_id: id,
-            output: "error[E0425]: cannot find value `x` in this scope",
-            is_error: true,
-            exit_code: Some(101),
-            time_ms: time_ms + i as u64,
-        }));
-        let _ = engine.observe(&Event::Text(Text {
-            session,
-            text: "The build still fails the same way.",
-            chunk: false,
-            end_of_turn: true,
-            reasoning: false,
-            narration: false,
-            time_ms,
-        }));
-        let _ = engine.observe(&Event::User(UserMessage {
-            session,
-            text: "find: src: No such file or directory",
-            injected: false,
-            time_ms,
-        }));
+        play(engine, session, id, u64::MAX / 2 + i as u64, &round);
     }
     let _ = engine.snapshot_session(session);
 }
@@ -449,59 +468,39 @@ fn restore_snapshot(input: &[u8]) {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(input) else {
         return;
     };
-    let engine = loopguard_engine::Engine::new(default_config().clone());
-    if engine.restore_session("s", &value).is_ok() {
-        after_restore(&engine, "s");
-    }
-    let engine = loopguard_engine::Engine::new(default_config().clone());
-    if engine.restore(&value).is_ok() {
-        after_restore(&engine, "s");
-        let _ = engine.snapshot();
+    // As one session's snapshot, then as a whole engine's.
+    type Restore = fn(&loopguard_engine::Engine, &serde_json::Value) -> bool;
+    let restores: [Restore; 2] = [
+        |e, v| e.restore_session("s", v).is_ok(),
+        |e, v| e.restore(v).is_ok(),
+    ];
+    for restore in restores {
+        let engine = loopguard_engine::Engine::new(default_config().clone());
+        if restore(&engine, &value) {
+            after_restore(&engine, "s");
+            let _ = engine.snapshot();
+        }
     }
 }
 
 /// Snapshots of sessions that saw every kind of event, as seeds: one session's, and the whole
 /// engine's.
 fn snapshot_seeds() -> Vec<Vec<u8>> {
-    use loopguard_engine::{Arguments, Call, Event, Text, ToolResult, UserMessage};
     let engine = loopguard_engine::Engine::new(default_config().clone());
     let s = "s";
     for i in 0..8u64 {
-        let args = serde_json::json!({"command": format!("echo 'x' > f{} && cargo test", i % 3)});
-        let id = format!("c{i}");
-        let _ = engine.observe(&Event::Call(Call {
-            session: s,
-            call_id: &id,
-            tool: if i % 4 == 3 { "write_file" } else { "bash" },
-            arguments: Arguments::Json(&args),
-            time_ms: i * 1000,
-        }));
+        let command = format!("echo 'x' > f{} && cargo test", i % 3);
         let output =
             "Traceback (most recent call last):\n  File \"t.py\", line 3\nValueError: bad 'x'\n"
                 .repeat(1 + i as usize % 3);
-        let _ = engine.observe(&Event::Result(ToolResult {
-            session: s,
-            call_id: &id,
+        let round = Round {
+            tool: if i % 4 == 3 { "write_file" } else { "bash" },
+            command: &command,
             output: &output,
             is_error: i % 2 == 0,
-            exit_code: None,
-            time_ms: i * 1000 + 10,
-        }));
-        let _ = engine.observe(&Event::Text(Text {
-            session: s,
-            text: "Let me think about this once more before I act, and try again.",
-            chunk: false,
-            end_of_turn: true,
-            reasoning: false,
-            narration: false,
-            time_ms: i * 1000 + 20,
-        }));
-        let _ = engine.observe(&Event::User(UserMessage {
-            session: s,
-            text: "Determine the single next command to run and reply in the JSON format.",
-            injected: false,
-            time_ms: i * 1000 + 30,
-        }));
+            user: "Determine the single next command to run and reply in the JSON format.",
+        };
+        play(&engine, s, &format!("c{i}"), i * 1000, &round);
     }
     let mut seeds = vec![
         serde_json::to_vec(&engine.snapshot_session(s).expect("a session")).unwrap(),
