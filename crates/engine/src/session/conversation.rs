@@ -89,8 +89,9 @@ impl Session {
         let text = u.text.trim();
         let rejects = &self.rules.config.detectors.monologue.reject_patterns;
         let rejecting = rejects.iter().any(|re| re.is_match(text));
+        let hash = crate::hash::hash_str(text);
         let digest = if said_again_length(text) || rejecting {
-            crate::hash::hash_str(text) | 1
+            hash | 1
         } else {
             0
         };
@@ -105,7 +106,7 @@ impl Session {
                 ts.monologue = ts.monologue.saturating_add(ts.ended_by_person);
                 ts.ended_by_person = 0;
                 if rejecting {
-                    ts.reply = crate::hash::hash_str(text);
+                    ts.reply = hash;
                     ts.same_replies = 1;
                 }
             }
@@ -113,13 +114,12 @@ impl Session {
             // reply counts towards `monologue.same_reply_threshold`.
             if let Some(ts) = &mut self.text {
                 if ts.monologue > 0 && rejecting {
-                    let digest = crate::hash::hash_str(text);
-                    ts.same_replies = if ts.same_replies > 0 && digest == ts.reply {
+                    ts.same_replies = if ts.same_replies > 0 && hash == ts.reply {
                         ts.same_replies.saturating_add(1)
                     } else {
                         1
                     };
-                    ts.reply = digest;
+                    ts.reply = hash;
                 } else {
                     ts.same_replies = 0;
                 }
