@@ -160,6 +160,7 @@ impl Plugins {
                     .shell(tool.keys.shell)
                     // The window's newest record is this call.
                     .batched(w.get(0).is_some_and(|r| r.has(crate::detect::flag::BATCH)))
+                    .changes(w.get(0).is_some_and(|r| r.has(crate::detect::flag::MODIFY)))
                     .arguments(args)
                     .fingerprints(u64::from(keys.exact as u32), u64::from(keys.fuzzy as u32))
                     .window(window);
@@ -189,6 +190,7 @@ impl Plugins {
                     .result(r.output, r.is_error, r.exit_code)
                     .shell(rec.has(crate::detect::flag::SHELL))
                     .batched(rec.has(crate::detect::flag::BATCH))
+                    .changes(rec.has(crate::detect::flag::MODIFY))
                     .fingerprints(u64::from(rec.exact), u64::from(rec.fuzzy))
                     .result_digest(digest)
                     .window(window);

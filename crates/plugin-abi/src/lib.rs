@@ -322,8 +322,13 @@ pub struct EventView {
     /// came back: both were decided together, in one assistant message, before the model saw
     /// either outcome (CALL and RESULT), else 0. Hosts older than this field leave it 0.
     pub batched: u8,
+    /// 1 if the call (or the call a RESULT answers) changes the world and is not the same change
+    /// again (a write, an edit, a click on a page: a tool of a category with `modifies`, or a
+    /// modifying shell command), else 0. Such a call that reports nothing succeeded: its empty
+    /// result is no empty answer. Hosts older than this field leave it 0.
+    pub changes: u8,
     /// Always 0 (explicit padding, so the layout has no uninitialized bytes on 64-bit targets).
-    pub reserved: [u8; 4],
+    pub reserved: [u8; 3],
     /// Event time in milliseconds, supplied by the agent host (monotonic within a session).
     pub time_ms: u64,
     /// The session the event belongs to.
@@ -363,7 +368,8 @@ impl EventView {
             has_exit_code: 0,
             is_shell: 0,
             batched: 0,
-            reserved: [0; 4],
+            changes: 0,
+            reserved: [0; 3],
             time_ms: 0,
             session: StrRef::EMPTY,
             call_id: StrRef::EMPTY,

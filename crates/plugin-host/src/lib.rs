@@ -752,6 +752,12 @@ impl<'a> EventView<'a> {
         self
     }
 
+    /// Whether the call changes the world (and is not the same change again).
+    pub fn changes(mut self, changes: bool) -> Self {
+        self.raw.changes = u8::from(changes);
+        self
+    }
+
     /// Assistant or user text.
     pub fn text(mut self, text: &'a str) -> Self {
         self.raw.text = StrRef::new(text);
@@ -905,11 +911,12 @@ mod tests {
             .result("out", true, Some(2))
             .shell(true)
             .batched(true)
+            .changes(true)
             .window(&window);
         let raw = &ev.raw;
         assert_eq!(raw.kind, abi::event_kind::RESULT);
         assert_eq!((raw.is_error, raw.has_exit_code, raw.exit_code), (1, 1, 2));
-        assert_eq!((raw.is_shell, raw.batched), (1, 1));
+        assert_eq!((raw.is_shell, raw.batched, raw.changes), (1, 1, 1));
         assert_eq!(raw.result.len, 3);
         assert_eq!(raw.window_len, 1);
         assert_eq!(raw.time_ms, 5);

@@ -213,6 +213,9 @@ pub struct Event<'a> {
     /// The call (or the call a result answers) was made before the previous call's result came
     /// back: the two were decided together (one assistant message).
     pub batched: bool,
+    /// The call (or the call a result answers) changes the world and is not the same change
+    /// again (a write, an edit, a click on a page): its empty result is no empty answer.
+    pub changes: bool,
     /// Event time in milliseconds, as the host reports it (not necessarily wall-clock time).
     pub time_ms: u64,
     /// Exact fingerprint of the call (0 if unknown).
@@ -240,6 +243,7 @@ impl<'a> Event<'a> {
             exit_code: None,
             is_shell: false,
             batched: false,
+            changes: false,
             time_ms: 0,
             exact: 0,
             fuzzy: 0,
@@ -438,6 +442,7 @@ pub mod __glue {
                 exit_code: (raw.has_exit_code != 0).then_some(raw.exit_code),
                 is_shell: raw.is_shell != 0,
                 batched: raw.batched != 0,
+                changes: raw.changes != 0,
                 time_ms: raw.time_ms,
                 exact: raw.exact,
                 fuzzy: raw.fuzzy,

@@ -599,7 +599,8 @@ impl Results {
         if session.entries.len() >= window {
             session.entries.pop_front();
         }
-        let bad = failed || (!ev.is_shell && empty(&normalized));
+        // So did a write or a click that reports nothing.
+        let bad = failed || (!ev.is_shell && !ev.changes && empty(&normalized));
         session.entries.push_back(Entry {
             tool,
             call,
@@ -758,6 +759,16 @@ mod tests {
 
     fn detector() -> Results {
         Results::new(Value::Null).unwrap()
+    }
+
+    #[test]
+    fn writes_that_report_nothing_are_no_empty_answers() {
+        let mut d = detector();
+        for exact in 1..=7 {
+            let mut ev = result("write_file", "", exact);
+            ev.changes = true;
+            assert!(d.on_event(&ev).is_none(), "{exact}");
+        }
     }
 
     #[test]
