@@ -52,6 +52,7 @@ const FAMILIES: &[(&str, bool, bool)] = &[
     ("bookkeeping", true, true),
     ("text-calls", true, true),
     ("idle", true, true),
+    ("screen", true, true),
 ];
 
 #[test]

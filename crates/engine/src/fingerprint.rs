@@ -270,12 +270,17 @@ fn is_read_only_key_bytes(k: &[u8]) -> bool {
 }
 
 /// The values of a [read-only key](is_read_only_key) that ask only to look.
+/// A screen tool's looks (`computer` with `action: screenshot`) are among them: the actions
+/// around them change the screen, they only show it.
 fn looks_read_only(v: &str) -> bool {
-    // Every word below has 3 to 4 letters.
-    matches!(v.len(), 3 | 4)
-        && ["view", "read", "list", "show", "get", "cat", "open"]
+    match v.len() {
+        3 | 4 => ["view", "read", "list", "show", "get", "cat", "open", "zoom"]
             .iter()
-            .any(|w| v.eq_ignore_ascii_case(w))
+            .any(|w| v.eq_ignore_ascii_case(w)),
+        10 => v.eq_ignore_ascii_case("screenshot"),
+        15 => v.eq_ignore_ascii_case("cursor_position"),
+        _ => false,
+    }
 }
 
 const READ_TOOLS: &[&str] = &[

@@ -1403,6 +1403,101 @@ fn silent_shell_commands_are_not_empty_outcomes() {
     }
 }
 
+#[test]
+fn writes_that_report_nothing_are_not_empty_answers() {
+    // A host that answers a successful write with an empty result: seven files written.
+    let mut h = H::default();
+    for i in 0..7 {
+        let path = format!("app/m{i}.py");
+        let (c, r) = h.run(
+            "write_file",
+            json!({ "path": path, "content": "x = 1\n" }),
+            "",
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "{path}: {c:?} {r:?}");
+    }
+    // Clicks on a page report nothing either.
+    let mut h = H::default();
+    for i in 0..7 {
+        let (c, r) = h.run(
+            "browser_click",
+            json!({ "ref": format!("e{i}") }),
+            "",
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "click {i}: {c:?} {r:?}");
+    }
+    // The same write again changes nothing: it is no new work, and its empty result counts.
+    let mut h = H::default();
+    let mut last = None;
+    for i in 0..6 {
+        let (c, r) = h.run(
+            "write_file",
+            json!({ "path": "app/m.py", "content": "x = 1\n" }),
+            "",
+            false,
+        );
+        last = Some(if c.is_allow() { r } else { c });
+        if i < 2 {
+            assert!(last.as_ref().is_some_and(Verdict::is_allow), "write {i}");
+        }
+    }
+    assert!(last.is_some_and(|v| !v.is_allow()));
+}
+
+#[test]
+fn a_look_at_the_screen_after_each_action_is_no_repeat() {
+    // A computer-use agent: every action returns a screenshot, here without its image data;
+    // the screenshot action between them only looks.
+    let mut h = H::default();
+    let actions = [
+        json!({"action": "screenshot"}),
+        json!({"action": "left_click", "coordinate": [320, 212]}),
+        json!({"action": "screenshot"}),
+        json!({"action": "type", "text": "Boston"}),
+        json!({"action": "screenshot"}),
+        json!({"action": "key", "text": "Return"}),
+        json!({"action": "screenshot"}),
+        json!({"action": "left_click", "coordinate": [610, 212]}),
+        json!({"action": "screenshot"}),
+    ];
+    for a in actions {
+        let (c, r) = h.run("computer", a.clone(), "", false);
+        assert!(c.is_allow() && r.is_allow(), "{a}: {c:?} {r:?}");
+    }
+    // The same click again and again, with a look between and nothing changing, is a loop.
+    let mut h = H::default();
+    let mut flagged = None;
+    for i in 0..6 {
+        let a = if i % 2 == 0 {
+            json!({"action": "left_click", "coordinate": [980, 640]})
+        } else {
+            json!({"action": "screenshot"})
+        };
+        let (c, _) = h.run("computer", a, "", false);
+        if flagged.is_none() && !c.is_allow() {
+            flagged = Some(i);
+        }
+    }
+    assert_eq!(flagged, Some(4), "the third click");
+    // Looking changes nothing: the same failing command between looks is a loop.
+    let mut h = H::default();
+    let mut flagged = None;
+    for (i, look) in ["screenshot", "cursor_position", "screenshot"]
+        .into_iter()
+        .enumerate()
+    {
+        let (c, _) = h.run("computer", json!({ "action": look }), "", false);
+        assert!(c.is_allow());
+        let (c, _) = h.bash("npm run build", "npm ERR! Missing script: \"build\"", true);
+        if flagged.is_none() && !c.is_allow() {
+            flagged = Some(i);
+        }
+    }
+    assert_eq!(flagged, Some(2), "the third build");
+}
+
 /// Eight different git spellings of one question about an untouched working tree.
 const STATE_QUERIES: [&str; 8] = [
     "git status",

@@ -893,7 +893,8 @@ impl Reader {
     }
 }
 
-/// The text of a tool result's content: a string, or the text parts of an array.
+/// The text of a tool result's content: a string, or the text parts of an array, with a line
+/// standing for each part that is no text ([`attachment_line`]).
 fn content_text(content: &Value, line: Line) -> Result<String, BadInput> {
     match content {
         Value::Null => Ok(String::new()),
@@ -901,8 +902,11 @@ fn content_text(content: &Value, line: Line) -> Result<String, BadInput> {
         Value::Array(parts) => Ok(parts
             .iter()
             .filter_map(|p| match p {
-                Value::String(s) => Some(s.as_str()),
-                _ => p.get("text").and_then(Value::as_str),
+                Value::String(s) => Some(s.clone()),
+                _ => match p.get("text").and_then(Value::as_str) {
+                    Some(t) => Some(t.to_owned()),
+                    None => attachment_line(p),
+                },
             })
             .collect::<Vec<_>>()
             .join("\n")),
@@ -911,6 +915,74 @@ fn content_text(content: &Value, line: Line) -> Result<String, BadInput> {
             "tool result `content` must be a string, an array of content parts, or null",
         )),
     }
+}
+
+/// Inline data shorter than this is a recording's placeholder or a shortened copy (the first
+/// bytes of two images of one size are the same header), not an image one can compare.
+const MIN_INLINE_DATA: usize = 256;
+
+/// A line standing for a part of a tool result that is no text (a screenshot, a document,
+/// audio, a file): its kind and a digest of its data. Two results showing the same image are
+/// then the same outcome, and a changed image a changed outcome, as with text; a
+/// browser or computer-use agent's screenshots are most of what its actions return.
+///
+/// The digest is written in the letters `g` to `z` alone, which no result masker takes for a
+/// number, a hex id or an opaque id. A part whose data the recording left out or shortened
+/// gives no line: what it showed is unknown, and the result is judged by its text alone.
+fn attachment_line(part: &Value) -> Option<String> {
+    let kind = match part.get("type").and_then(Value::as_str)? {
+        "image" | "image_url" | "input_image" | "computer_screenshot" => "image",
+        "document" | "file" | "input_file" => "file",
+        "input_audio" | "audio" => "audio",
+        _ => return None,
+    };
+    let at = |path: &[&str]| {
+        path.iter()
+            .try_fold(part, |v, k| v.get(*k))
+            .and_then(Value::as_str)
+    };
+    // Inline data, or a reference (a URL, a file id) to data held elsewhere.
+    let inline = at(&["source", "data"])
+        .or_else(|| at(&["input_audio", "data"]))
+        .or_else(|| at(&["file", "file_data"]))
+        .or_else(|| at(&["file_data"]))
+        .or_else(|| at(&["data"]));
+    let url = at(&["image_url", "url"])
+        .or_else(|| at(&["image_url"]))
+        .or_else(|| at(&["source", "url"]));
+    let reference = at(&["source", "file_id"])
+        .or_else(|| at(&["file", "file_id"]))
+        .or_else(|| at(&["file_id"]))
+        .or_else(|| at(&["file_url"]));
+    let data = match (inline, url) {
+        (Some(d), _) => Some(d).filter(|d| whole_inline_data(d)),
+        (None, Some(u)) if u.starts_with("data:") => Some(u).filter(|d| whole_inline_data(d)),
+        (None, Some(u)) => Some(u).filter(|u| is_reference(u)),
+        (None, None) => None,
+    }
+    .or_else(|| reference.filter(|r| is_reference(r)))?;
+    let mut digest = loopguard_hash::hash_str(data);
+    let mut letters = String::with_capacity(15);
+    for _ in 0..15 {
+        letters.push(char::from(b'g' + (digest % 20) as u8));
+        digest /= 20;
+    }
+    Some(format!("[{kind} {letters}]"))
+}
+
+/// Inline data (base64, or a `data:` URL) that is whole: long enough to be more than a
+/// header, and not cut short with an ellipsis.
+fn whole_inline_data(d: &str) -> bool {
+    let d = d.trim_end();
+    d.len() >= MIN_INLINE_DATA && !d.ends_with("...") && !d.ends_with('…')
+}
+
+/// A URL or a file id naming data held elsewhere, not a placeholder sentence.
+fn is_reference(r: &str) -> bool {
+    r.len() >= 8
+        && !r
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b == b'<' || b == b'[')
 }
 
 fn openai_call(call: &Value, line: Line, k: usize) -> Result<CallParts, BadInput> {
@@ -1004,6 +1076,67 @@ mod tests {
         assert_eq!(items[1].line, 2);
         assert_eq!(items[5].line, 6);
         assert!(matches!(&items[7].kind, Kind::User { injected: true, .. }));
+    }
+
+    /// The output of the one result in `messages`.
+    fn result_output(messages: &[Value]) -> String {
+        read_messages(messages, Mode::Strict)
+            .unwrap()
+            .into_iter()
+            .find_map(|i| match i.kind {
+                Kind::Result { output, .. } => Some(output),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn images_in_results_are_compared_by_their_data() {
+        let screenshot = |data: &str| {
+            result_output(&[
+                json!({"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "computer", "input": {"action": "screenshot"}}]}),
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "Took a screenshot."},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}]}),
+            ])
+        };
+        let a = "iVBORw0KGgo".to_owned() + &"A1b2".repeat(80);
+        let b = "iVBORw0KGgo".to_owned() + &"C3d4".repeat(80);
+        let (ta, tb) = (screenshot(&a), screenshot(&b));
+        assert_eq!(ta, screenshot(&a));
+        assert_ne!(ta, tb);
+        let line = ta.strip_prefix("Took a screenshot.\n[image ").unwrap();
+        let letters = line.strip_suffix(']').unwrap();
+        assert!(letters.len() == 15 && letters.bytes().all(|c| (b'g'..=b'z').contains(&c)));
+        // Data left out or cut short by the recording: what the image showed is unknown.
+        for elided in [
+            "",
+            "<image omitted>",
+            "iVBORw0KGgoAAAANSUhEUgAA",
+            &(a[..300].to_owned() + "..."),
+        ] {
+            assert_eq!(screenshot(elided), "Took a screenshot.", "{elided}");
+        }
+        // The same in a chat tool message (a data URL) and by reference.
+        let chat = |part: Value| {
+            result_output(&[
+                json!({"role": "assistant", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "browser_take_screenshot", "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": [part]}),
+            ])
+        };
+        let url = format!("data:image/png;base64,{a}");
+        let by_url = chat(json!({"type": "image_url", "image_url": {"url": url}}));
+        assert!(by_url.starts_with("[image "));
+        assert_eq!(
+            by_url,
+            chat(json!({"type": "image_url", "image_url": {"url": url}}))
+        );
+        assert_ne!(
+            chat(json!({"type": "input_image", "file_id": "file-6F2ksmvXxt4VdHZa"})),
+            chat(json!({"type": "input_image", "file_id": "file-8Hq3ZtLwPp1mNcVb"}))
+        );
     }
 
     #[test]

@@ -63,13 +63,17 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
     })
 }
 
-/// An error, or (with `include_empty`) an empty result of a non-shell call: shell commands
-/// that print nothing succeeded.
+/// An error, or (with `include_empty`) an empty answer: the empty result of a call that looks
+/// for something. Shell commands that print nothing succeeded, and so did a change to the
+/// world that reports nothing (a file written, a button clicked): an empty result is no
+/// answer only where an answer was asked for.
 ///
 /// Retryable failures count here: one transient failure retried is not a loop, but different
 /// calls all failing the same way is.
 fn bad(r: &Record, include_empty: bool) -> bool {
-    r.ran() && (r.has(flag::ERROR) || (include_empty && r.has(flag::EMPTY) && !r.has(flag::SHELL)))
+    r.ran()
+        && (r.has(flag::ERROR)
+            || (include_empty && r.has(flag::EMPTY) && !r.has(flag::SHELL) && !r.has(flag::MODIFY)))
 }
 
 /// What `same_outcome` counts of a result: an error, an empty answer, or (with
