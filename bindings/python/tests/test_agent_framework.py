@@ -54,10 +54,13 @@ class Scripted(FunctionInvocationLayer, BaseChatClient):
         if isinstance(step, str):
             contents = [Content.from_text(step)]
         else:
-            name, args = step
-            call_id = f"call_{next(CALL_IDS)}"
-            self.calls[call_id] = name
-            contents = [Content.from_function_call(call_id=call_id, name=name, arguments=json.dumps(args))]
+            # One call, or a list of calls made together (run concurrently by the framework).
+            contents = []
+            for name, args in step if isinstance(step, list) else [step]:
+                call_id = f"call_{next(CALL_IDS)}"
+                self.calls[call_id] = name
+                arguments = json.dumps(args)
+                contents.append(Content.from_function_call(call_id, name, arguments=arguments))
         if stream:
 
             async def updates():
@@ -186,7 +189,8 @@ def test_what_a_stopped_run_leaves_in_its_session():
     assert kept[1:] == response.messages
     last = kept[-1].contents[-1]
     assert last.type == "function_call" and last.call_id == stopped[0].call_id
-    assert not any(c.type == "function_result" and c.call_id == last.call_id for m in kept for c in m.contents)
+    answered = {c.call_id for m in kept for c in m.contents if c.type == "function_result"}
+    assert last.call_id not in answered
 
 
 def test_a_refusal_is_the_function_result_of_the_refused_call():
@@ -228,6 +232,50 @@ def test_a_healthy_streamed_run_is_never_touched():
     assert client.texts() == [CONTENT] * 6
 
 
+def test_calls_made_together_are_each_guarded():
+    runs: list[str] = []
+    together = [("read_file", {"path": "a.txt"}), ("read_file", {"path": "b.txt"})]
+    pairs = [
+        [("read_file", {"path": f"src/f{i}.rs"}), ("read_file", {"path": f"doc/f{i}.md"})]
+        for i in range(3)
+    ]
+    healthy = Scripted(pairs + ["done"])
+    assert run(agent_with(healthy, runs, session="run-5"), "read").text == "done"
+    assert len(runs) == 6 and healthy.texts() == [CONTENT] * 6
+
+    runs.clear()
+    client = Scripted([together] * 8 + ["done"])
+    with pytest.raises(AgentLoopTerminated):
+        run(agent_with(client, runs, session="run-6"), "read a.txt and b.txt")
+    texts = client.texts()
+    n_refused = sum(REFUSED in t for t in texts)
+    assert any(WARNING in t for t in texts) and n_refused >= 1
+    assert len(runs) == len(texts) - n_refused
+    assert client.steps
+
+
+def test_a_rich_result_is_warned_after_its_items():
+    image = Content.from_data(b"\x89PNG\r\n\x1a\n", "image/png")
+
+    @tool
+    def screenshot(page: str) -> list:
+        """Takes a screenshot."""
+        return [Content.from_text(f"screenshot of {page}"), image]
+
+    client = Scripted([("screenshot", {"page": "home"})] * 3 + ["done"])
+    agent = Agent(client=client, tools=[screenshot], middleware=[LoopGuard(session="run-7")])
+    assert run(agent, "look at home").text == "done"
+    first = client.results[0]
+    assert [i.type for i in first.items] == ["text", "data"]
+    warned = [r for r in client.results if WARNING in r.result]
+    assert warned
+    for r in warned:
+        # The tool's items as they were, then the warning.
+        assert [i.type for i in r.items] == ["text", "data", "text"]
+        assert r.items[0].text == "screenshot of home" and r.items[1].uri == image.uri
+        assert r.items[2].text.startswith(WARNING)
+
+
 class Recording(Guard):
     """A guard that records the results it observes."""
 
@@ -250,7 +298,10 @@ def test_an_exception_of_the_tool_is_a_failed_result():
     client = Scripted([("deploy", {"target": "a"}), ("deploy", {"target": "b"}), "done"])
     agent = Agent(client=client, tools=[deploy], middleware=[LoopGuard(guard=guard)])
     assert run(agent, "deploy").text == "done"
-    assert guard.results == [("RuntimeError: a is on fire", True), ("RuntimeError: b is on fire", True)]
+    assert guard.results == [
+        ("RuntimeError: a is on fire", True),
+        ("RuntimeError: b is on fire", True),
+    ]
     # What the model reads is the framework's own error result.
     assert [r.exception for r in client.results] == ["a is on fire", "b is on fire"]
 
@@ -291,7 +342,8 @@ def test_the_session_is_the_runs_agent_session_unless_one_is_given():
     assert not warned(first) and len(runs) == 2
     # The same AgentSession again: the calls add up, and the repeats are warned (or refused).
     runs.clear()
-    run(Agent(client=again, tools=[read_file_tool(runs)], middleware=[guard]), "read a.txt", session=session)
+    two = Agent(client=again, tools=[read_file_tool(runs)], middleware=[guard])
+    run(two, "read a.txt", session=session)
     assert warned(again)
     # Another AgentSession starts afresh.
     runs.clear()
