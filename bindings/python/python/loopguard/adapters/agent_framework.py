@@ -28,6 +28,7 @@ sends one error result for each call left without one.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Awaitable, Callable, Optional
 
@@ -130,20 +131,19 @@ class LoopGuard(FunctionMiddleware):
             self.engine = engine if engine is not None else Engine()
         self.session = session
         self._guard = guard
-        self._guards: dict[str, Guard] = {}
+        self._ids = itertools.count(1)
 
     def guard_for(self, context: FunctionInvocationContext) -> Guard:
-        """The guard (engine session) of the run that makes this call."""
+        """The guard of one call: the one given, or one for the engine session of its run (the
+        engine keeps the session's state; the guard only holds the call's verdict until its
+        result)."""
         if self._guard is not None:
             return self._guard
         name = self.session
         if name is None:
             agent_session = getattr(context, "session", None)
             name = getattr(agent_session, "session_id", None) or "default"
-        guard = self._guards.get(name)
-        if guard is None:
-            guard = self._guards[name] = Guard(self.engine, name, AgentLoopTerminated)
-        return guard
+        return Guard(self.engine, name, AgentLoopTerminated)
 
     async def process(
         self,
@@ -151,7 +151,7 @@ class LoopGuard(FunctionMiddleware):
         call_next: Callable[[], Awaitable[None]],
     ) -> None:
         guard = self.guard_for(context)
-        call_id = context.metadata.get("call_id") or guard.call_id()
+        call_id = context.metadata.get("call_id") or f"loopguard-{next(self._ids)}"
         v = guard.on_call(call_id, context.function.name, _arguments(context.arguments))
         if refuses(v):
             guard._pending.pop(call_id, None)
@@ -166,6 +166,10 @@ class LoopGuard(FunctionMiddleware):
             raise
         except Exception as e:
             guard.on_result(call_id, f"{type(e).__name__}: {e}", error=True)
+            raise
+        except BaseException:
+            # Cancelled (another call of the batch stopped the run): no result.
+            guard._pending.pop(call_id, None)
             raise
         result = context.result
         if _is_approval_request(result):
