@@ -193,6 +193,43 @@ def test_what_a_stopped_run_leaves_in_its_session():
     assert last.call_id not in answered
 
 
+class Service(Scripted):
+    """A scripted client whose service keeps the conversation: each request carries only what is
+    new, and each response names the conversation."""
+
+    STORES_BY_DEFAULT = True
+
+    def _inner_get_response(self, *, messages, stream, options, **kwargs):
+        response = super()._inner_get_response(
+            messages=messages, stream=stream, options=options, **kwargs
+        )
+
+        async def in_conversation():
+            r = await response
+            r.conversation_id = "conv-1"
+            return r
+
+        return in_conversation()
+
+
+def test_a_conversation_kept_by_the_service_gets_a_result_for_the_stopped_call():
+    runs: list[str] = []
+    client = Service([("read_file", {"path": "a.txt"})] * 15 + ["done"])
+    agent = agent_with(client, runs, session="run-8")
+    session = agent.create_session()
+    with pytest.raises(AgentLoopTerminated):
+        run(agent, "read a.txt", session=session)
+    # Before raising, the framework sends the service an error result for the stopped call (one
+    # more request), so that the conversation can go on.
+    settled, refused = client.results[-1], client.results[-2]
+    assert settled.result.startswith("Error: Tool execution was aborted by middleware")
+    assert REFUSED in refused.result
+    # The stopped call is the one after the last refusal.
+    calls = list(client.calls)
+    assert calls.index(settled.call_id) == calls.index(refused.call_id) + 1
+    assert session.service_session_id == "conv-1"
+
+
 def test_a_refusal_is_the_function_result_of_the_refused_call():
     runs: list[str] = []
     client = looping()
