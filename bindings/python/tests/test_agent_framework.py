@@ -26,14 +26,15 @@ from loopguard.adapters.agent_framework import AgentLoopTerminated, LoopGuard
 
 CONTENT = "line 1: nothing changed here"
 REFUSED = "[loopguard: refused] "
+WARNING = "[loopguard: warning] "
 #: Call ids unique across clients, as runs of one AgentSession share their history.
 CALL_IDS = itertools.count(1)
-WARNING = "[loopguard: warning] "
 
 
 class Scripted(FunctionInvocationLayer, BaseChatClient):
-    """A chat client that answers each request with the next step of its script (a tool call or
-    a text) and records the function results each request carried to the model."""
+    """A chat client that answers each request with the next step of its script (tool calls or
+    a text) and records the function results the requests carried to it, as the model reads
+    them."""
 
     def __init__(self, steps):
         super().__init__()
@@ -339,7 +340,8 @@ def test_an_exception_of_the_tool_is_a_failed_result():
         ("RuntimeError: a is on fire", True),
         ("RuntimeError: b is on fire", True),
     ]
-    # What the model reads is the framework's own error result.
+    # What the model reads is the framework's own error result, marked failed.
+    assert client.texts() == ["Error: Function failed."] * 2
     assert [r.exception for r in client.results] == ["a is on fire", "b is on fire"]
 
 
