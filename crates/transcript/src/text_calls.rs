@@ -285,9 +285,24 @@ fn react_call(text: &str) -> Option<TextCall> {
     if is_final(named) || named.len() > MAX_NAME || named.split_whitespace().count() > 4 {
         return None;
     }
-    let k = rest
+    let Some(k) = rest
         .iter()
-        .position(|l| labelled(l, "Action Input").is_some())?;
+        .position(|l| labelled(l, "Action Input").is_some())
+    else {
+        // A tool named on the message's last line and nothing after it: the model stopped
+        // where its input belongs. The framework rejects the action, but it was attempted, and
+        // the same attempt rejected the same way again and again is a loop like any other.
+        let last = rest.iter().all(|l| l.trim().is_empty());
+        let identifier = named
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        return (last && identifier).then(|| TextCall {
+            tool: named.to_owned(),
+            arguments: json!({}),
+            sure: true,
+            prose: offset(text, lines[at]),
+        });
+    };
     let mut input = vec![labelled(rest[k], "Action Input")?];
     input.extend(
         rest[k + 1..]
@@ -447,7 +462,17 @@ mod tests {
             call("Action:\n```json\n{\"action\": \"Final Answer\", \"action_input\": \"42\"}\n```"),
             None
         );
-        assert_eq!(call("Action: search"), None, "no input, no call");
+        // A tool named last, with no input: an attempt the framework will reject, a call still.
+        assert_eq!(
+            call("I will read it.\nAction: read_fixed_file\n"),
+            Some(("read_fixed_file".into(), json!({}), true))
+        );
+        assert_eq!(call("Action: search the web"), None, "no tool name");
+        assert_eq!(
+            call("Action: search\nThen I will summarize."),
+            None,
+            "words after it: no attempt"
+        );
         // A model writing on past its action (an imagined observation, a next action): the
         // framework runs the first.
         assert_eq!(
