@@ -65,10 +65,21 @@ const PART_METADATA: &[&str] = &[
 
 /// Reads Gemini contents, each with its line.
 pub(crate) fn read(contents: &[(Line, &Value)]) -> Result<Vec<Item>, BadInput> {
-    let mut reader = Reader::new(Mode::Strict);
+    read_with(contents, Mode::Strict)
+}
+
+/// Reads Gemini contents, each with its line; in [`Mode::Lenient`] a content that cannot be
+/// read is passed over (the others are read as if it were not there).
+pub(crate) fn read_with(contents: &[(Line, &Value)], mode: Mode) -> Result<Vec<Item>, BadInput> {
+    let mut reader = Reader::new(mode);
     let mut calls = Calls::default();
     for &(line, content) in contents {
-        for message in messages(line, content, &mut calls)? {
+        let read = match messages(line, content, &mut calls) {
+            Ok(read) => read,
+            Err(_) if mode == Mode::Lenient => continue,
+            Err(e) => return Err(e),
+        };
+        for message in read {
             reader.message(line, &message)?;
         }
     }
