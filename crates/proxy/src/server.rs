@@ -434,7 +434,17 @@ async fn gemini(
         return passthrough(Extract(state), method, uri, headers, body).await;
     }
     if !GEMINI_JUDGED.contains(&verb) {
-        return unsupported(Extract(state), method, uri).await;
+        state.metrics.request("other");
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unsupported_path",
+            format!(
+                "`{method} {path}` is not proxied: loopguard serves {SERVED}; send other \
+                 requests to the upstream directly"
+            ),
+        )
+        .response(Wire::Gemini);
     }
     let query = uri.query().map(str::to_owned);
     // `alt=sse` streams events; `streamGenerateContent` without it answers with a JSON array,
@@ -809,9 +819,15 @@ async fn second_answer(
     deadline: Deadline,
 ) -> Option<Vec<u8>> {
     let bytes = serde_json::to_vec(body).ok()?;
-    let resp = send(state, &retry.target, &retry.headers, Bytes::from(bytes), deadline)
-        .await
-        .ok()?;
+    let resp = send(
+        state,
+        &retry.target,
+        &retry.headers,
+        Bytes::from(bytes),
+        deadline,
+    )
+    .await
+    .ok()?;
     if !resp.status().is_success() {
         state.metrics.upstream_error("status");
         return None;
@@ -1025,8 +1041,8 @@ async fn pump(
                     Bytes::from(bytes),
                     deadline,
                 )
-                    .await
-                    .ok(),
+                .await
+                .ok(),
                 Err(_) => None,
             },
             None => None,

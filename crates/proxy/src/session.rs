@@ -56,13 +56,15 @@ pub fn credential(headers: &HeaderMap) -> Option<&str> {
         })
         .filter(|k| !k.is_empty());
     auth.or_else(|| {
-        ["x-api-key", "api-key", "x-goog-api-key"].iter().find_map(|h| {
-            headers
-                .get(*h)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|k| !k.is_empty())
-        })
+        ["x-api-key", "api-key", "x-goog-api-key"]
+            .iter()
+            .find_map(|h| {
+                headers
+                    .get(*h)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+            })
     })
 }
 

@@ -48,7 +48,10 @@ pub fn read_messages(messages: &[Value], mode: Mode) -> Result<Vec<Item>, BadInp
 /// Reads Gemini `contents` (a `generateContent` request's conversation, see the Gemini
 /// format), each with its line: calls without an `id` get synthetic ones and responses pair
 /// with calls by `id`, else by name and order.
-pub fn read_gemini_contents(contents: &[(Line, &Value)], mode: Mode) -> Result<Vec<Item>, BadInput> {
+pub fn read_gemini_contents(
+    contents: &[(Line, &Value)],
+    mode: Mode,
+) -> Result<Vec<Item>, BadInput> {
     crate::gemini::read_with(contents, mode)
 }
 

@@ -138,9 +138,14 @@ pub fn with_ids(contents: &[Value], first_turn: u64) -> Vec<Value> {
             let Some(obj) = p.as_object_mut() else {
                 continue;
             };
-            let key = ["functionCall", "function_call", "functionResponse", "function_response"]
-                .into_iter()
-                .find(|k| obj.get(*k).is_some_and(Value::is_object));
+            let key = [
+                "functionCall",
+                "function_call",
+                "functionResponse",
+                "function_response",
+            ]
+            .into_iter()
+            .find(|k| obj.get(*k).is_some_and(Value::is_object));
             let Some(key) = key else { continue };
             let Some(Value::Object(inner)) = obj.get_mut(key) else {
                 continue;
@@ -175,7 +180,8 @@ pub fn with_ids(contents: &[Value], first_turn: u64) -> Vec<Value> {
 /// the ids of [`with_ids`]; `first_turn` as there.
 pub fn read(contents: &[Value], first_turn: u64) -> Vec<loopguard_transcript::Item> {
     let ided = with_ids(contents, first_turn);
-    let positioned: Vec<(usize, &Value)> = ided.iter().enumerate().map(|(i, v)| (i + 1, v)).collect();
+    let positioned: Vec<(usize, &Value)> =
+        ided.iter().enumerate().map(|(i, v)| (i + 1, v)).collect();
     loopguard_transcript::messages::read_gemini_contents(
         &positioned,
         loopguard_transcript::messages::Mode::Lenient,
@@ -469,9 +475,11 @@ pub fn rewrite(body: &mut Value, judge: &mut dyn Judge) -> Rewritten {
             });
         }
     }
-    let last = chunks
-        .iter()
-        .rposition(|c| c.get("candidates").and_then(Value::as_array).is_some_and(|a| !a.is_empty()));
+    let last = chunks.iter().rposition(|c| {
+        c.get("candidates")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    });
     if j.stop
         && let Some(last) = last
         && let Ok(Some(c)) = first_candidate(&mut chunks[last])
@@ -629,17 +637,15 @@ impl<J: Judge> Stream<J> {
                     }
                     *ps = kept;
                 }
-                let has_parts = c
-                    .get("content")
-                    .map(parts)
-                    .is_some_and(|ps| !ps.is_empty());
+                let has_parts = c.get("content").map(parts).is_some_and(|ps| !ps.is_empty());
                 (took, finished, has_parts)
             }
         };
         for p in &took {
             if let Some(f) = call_of_part(p) {
                 let call = call_in(f, turn, &mut self.names);
-                self.buffered += ENTRY_COST + call.id.len() + call.name.len() + call.arguments.len();
+                self.buffered +=
+                    ENTRY_COST + call.id.len() + call.name.len() + call.arguments.len();
                 self.held.push((p.clone(), call));
             }
         }
@@ -756,7 +762,8 @@ impl<J: Judge> super::Events for Stream<J> {
         if self.held.is_empty() && judged.interventions.is_empty() {
             return;
         }
-        let mut chunk = json!({"candidates": [{"content": {"role": "model", "parts": []}, "index": 0}]});
+        let mut chunk =
+            json!({"candidates": [{"content": {"role": "model", "parts": []}, "index": 0}]});
         self.release(&mut chunk, &judged);
         self.state.committed = true;
         out.push(format!("data: {chunk}\n\n"));
@@ -829,7 +836,9 @@ mod tests {
             ..Scripted::default()
         };
         assert!(matches!(rewrite(&mut body, &mut j), Rewritten::Judged(_)));
-        let ps = body["candidates"][0]["content"]["parts"].as_array().unwrap();
+        let ps = body["candidates"][0]["content"]["parts"]
+            .as_array()
+            .unwrap();
         assert_eq!(ps.len(), 2);
         assert_eq!(ps[1]["functionCall"]["name"], "read");
         assert_eq!(j.seen[0].0, "Let me see.");
@@ -913,7 +922,10 @@ mod tests {
     }
 
     fn stream_of(chunks: &[Value]) -> String {
-        chunks.iter().map(|c| format!("data: {c}\r\n\r\n")).collect()
+        chunks
+            .iter()
+            .map(|c| format!("data: {c}\r\n\r\n"))
+            .collect()
     }
 
     fn run(j: Scripted, input: &str, step: usize) -> (Vec<String>, Stream<Scripted>) {
@@ -941,7 +953,10 @@ mod tests {
             response(json!([{"text": "Let me "}]), None),
             response(json!([{"text": "look."}]), None),
             response(json!([call("read", json!({"path": "a"}))]), None),
-            response(json!([call("bash", json!({"command": "ls"}))]), Some("STOP")),
+            response(
+                json!([call("bash", json!({"command": "ls"}))]),
+                Some("STOP"),
+            ),
         ])
     }
 
@@ -1028,14 +1043,24 @@ mod tests {
         ];
         let anchored = vec![("gemini_0_bash_0".to_owned(), "[loopguard] stop".to_owned())];
         let mut msgs = Messages::from_values(contents.clone());
-        assert!(apply_nudges(&mut msgs, &anchored, &[], NudgePlacement::Context));
+        assert!(apply_nudges(
+            &mut msgs,
+            &anchored,
+            &[],
+            NudgePlacement::Context
+        ));
         let m = msgs.values(0);
         assert_eq!(
             m[1]["parts"][0]["functionResponse"]["response"]["output"],
             "out\n\n[loopguard] stop"
         );
         let mut msgs = Messages::from_values(contents);
-        apply_nudges(&mut msgs, &anchored, &["loose".into()], NudgePlacement::System);
+        apply_nudges(
+            &mut msgs,
+            &anchored,
+            &["loose".into()],
+            NudgePlacement::System,
+        );
         let m = msgs.values(0);
         assert_eq!(m[1]["parts"][1], json!({"text": "[loopguard] stop"}));
         assert_eq!(m[1]["parts"][2], json!({"text": "loose"}));

@@ -273,7 +273,10 @@ impl Wire {
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .filter_map(|p| p.get("functionResponse").or_else(|| p.get("function_response")))
+                .filter_map(|p| {
+                    p.get("functionResponse")
+                        .or_else(|| p.get("function_response"))
+                })
                 .filter_map(|r| r.get("id").and_then(Value::as_str))
                 .collect(),
         }
@@ -362,8 +365,7 @@ impl Wire {
         }
         let key = self.content_key();
         msgs.get(i).is_some_and(|m| {
-            text_of(m.get(key)).starts_with(MARK)
-                && !(self == Wire::Gemini && gemini::has_calls(m))
+            text_of(m.get(key)).starts_with(MARK) && !(self == Wire::Gemini && gemini::has_calls(m))
         })
     }
 
