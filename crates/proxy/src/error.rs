@@ -265,6 +265,35 @@ mod tests {
     }
 
     #[test]
+    fn a_google_envelope_has_the_status_as_code_and_the_proxys_code_as_reason() {
+        let mut e = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "loop_detected",
+            "tool_loop_terminated",
+            "stopped",
+        );
+        e.detail = Some(json!({"tool": "bash"}));
+        let body = e.body(Wire::Gemini);
+        assert_eq!(body["error"]["code"], 400);
+        assert_eq!(body["error"]["status"], "FAILED_PRECONDITION");
+        assert_eq!(
+            body["error"]["details"][0]["reason"],
+            "tool_loop_terminated"
+        );
+        assert_eq!(body["error"]["loopguard"]["tool"], "bash");
+        assert!(e.sse_event(Wire::Gemini).starts_with("data: {\"error\":"));
+        let key = ApiError::missing_key(Wire::Gemini).body(Wire::Gemini);
+        assert_eq!(key["error"]["status"], "UNAUTHENTICATED");
+        assert_eq!(key["error"]["details"][0]["reason"], MISSING_API_KEY);
+        assert!(
+            key["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("x-goog-api-key")
+        );
+    }
+
+    #[test]
     fn a_missing_key_is_a_401_in_each_formats_shape() {
         for wire in [Wire::Chat, Wire::Messages, Wire::Responses] {
             let e = ApiError::missing_key(wire);

@@ -730,7 +730,7 @@ async fn plain(
             .request()
             .and_then(|request| wire.retry(&request, &value, &call, &guidance))
         {
-            Some(body) => second_answer(state, &retry, &body, deadline).await,
+            Some(body) => second_answer(state, retry, &body, deadline).await,
             None => None,
         };
         match again {
