@@ -818,3 +818,32 @@ async fn malformed_requests_get_a_google_shaped_error() {
     let ok = client().get(p.url("/healthz")).send().await.unwrap();
     assert_eq!(ok.status(), 200);
 }
+
+/// Under `--require-key`, a Gemini request without a key is a Google-shaped 401 that never
+/// reaches the upstream; the `key` query parameter is a key.
+#[tokio::test(flavor = "multi_thread")]
+async fn require_key_takes_the_query_parameter_as_a_key() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), 3);
+    let p = Proxy::start(
+        &up.base,
+        &["--rules", policy.to_str().unwrap(), "--require-key"],
+    );
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
+    for mode in MODES {
+        let r = client()
+            .post(p.url(&path("text", mode, Key::Header)))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{mode:?}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["status"], "UNAUTHENTICATED", "{e}");
+        assert_eq!(e["error"]["details"][0]["reason"], "missing_api_key", "{e}");
+        let t = ask(&p, "text", mode, Key::Query, &body).await;
+        assert_eq!(t.status, 200, "{mode:?}: {}", t.raw);
+    }
+    assert_eq!(up.got().len(), 3, "only the requests with a key went on");
+}
