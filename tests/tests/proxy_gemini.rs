@@ -847,3 +847,58 @@ async fn require_key_takes_the_query_parameter_as_a_key() {
     }
     assert_eq!(up.got().len(), 3, "only the requests with a key went on");
 }
+
+/// The decision log is what `loopctl simulate` decides on the conversation as the model made it
+/// (its answers as the upstream wrote them, the refused call included without a result, and
+/// what the agent sent after each): the proxy reads Gemini contents with the reader `simulate`
+/// uses, pairing calls without ids by name and order alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_decision_log_is_what_simulate_decides() {
+    let up = Upstream::start().await;
+    let (p, dir) = start(&up, None);
+    let (turns, sent) = run(&p, "loop", 8, Mode::Plain).await;
+    assert_eq!(turns.len(), 5);
+    // The history the agent sent last, with the refused answer as the model wrote it, and the
+    // answer that was stopped.
+    let mut made = sent[4]["contents"].as_array().unwrap().clone();
+    let answer = |g: &Got| -> Value {
+        let a: Value = serde_json::from_str(&g.answer).unwrap();
+        a["candidates"][0]["content"].clone()
+    };
+    let got = up.got();
+    made[7] = answer(&got[3]);
+    made.push(answer(&got[4]));
+    let conversation = dir.path().join("conversation.json");
+    std::fs::write(&conversation, serde_json::to_string(&made).unwrap()).unwrap();
+    let out = loopguard_tests::loopctl_clean()
+        .args(["simulate", "--json", "--rules"])
+        .arg(dir.path().join("policy.yaml"))
+        .arg(&conversation)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let simulated: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r.get("action").is_some())
+        .collect();
+    let key = |r: &Value| {
+        [
+            "action", "detector", "rule", "count", "turn", "kind", "tool",
+        ]
+        .map(|k| r[k].clone())
+    };
+    let logged = decisions(&dir);
+    assert_eq!(logged.len(), 3, "{logged:?}");
+    assert_eq!(
+        logged.iter().map(key).collect::<Vec<_>>(),
+        simulated.iter().map(key).collect::<Vec<_>>(),
+        "the log: {logged:#?}\nsimulate: {simulated:#?}\nthe conversation: {made:#?}"
+    );
+}
