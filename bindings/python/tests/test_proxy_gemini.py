@@ -1,8 +1,9 @@
 """The official `google-genai` client through the real `loopctl proxy`, with no code change but
 the base URL (`http_options=types.HttpOptions(base_url=...)`): an agent loop on
 `client.models.generate_content` and `generate_content_stream` (which asks for
-`streamGenerateContent?alt=sse`), in front of a scripted Gemini upstream on 127.0.0.1 whose
-calls carry no id, as Gemini's do.
+`streamGenerateContent?alt=sse`), and on a streamed chat (`chats.create`,
+`send_message_stream`, whose history keeps each streamed piece as a content of its own), in
+front of a scripted Gemini upstream on 127.0.0.1 whose calls carry no id, as Gemini's do.
 
 What the docs say a Gemini client sees, checked here: a run that does not loop is untouched; the
 3rd identical call is warned (the nudge reaches the model in that call's function response); the
@@ -101,12 +102,14 @@ class Upstream:
                 parts = ([{"text": text}] if text else []) + [
                     {"functionCall": {"name": n, "args": a}} for n, a in calls]
                 if method == "streamGenerateContent" and "alt=sse" in query:
-                    events = []
+                    # Every event holds a part, the last one the finish reason (as the API
+                    # streams; google-genai's chats drop an answer with an empty event).
+                    pieces = []
                     if text:
                         half = len(text) // 2
-                        events += [chunk([{"text": text[:half]}]), chunk([{"text": text[half:]}])]
-                    events += [chunk([c]) for c in parts if "functionCall" in c]
-                    events.append(chunk([], finish=True))
+                        pieces += [{"text": text[:half]}, {"text": text[half:]}]
+                    pieces += [c for c in parts if "functionCall" in c]
+                    events = [chunk([p], finish=i == len(pieces) - 1) for i, p in enumerate(pieces)]
                     data = [f"data: {json.dumps(e)}\r\n\r\n" for e in events]
                     # The text first, then a pause: the proxy passes text on as it comes, so
                     # that a stop decided on the call after it is the stream's last event.
@@ -261,6 +264,58 @@ def responses_in(request: dict) -> list[dict]:
     """Every function response of a request the upstream received, in order."""
     return [p["functionResponse"]["response"] for c in request["body"]["contents"]
             for p in c.get("parts", []) if "functionResponse" in p]
+
+
+def run_chat(proxy: Proxy, model: str, turns: int) -> tuple[list[dict], list]:
+    """The same agent on a google-genai chat, streamed (`chats.create`, `send_message_stream`):
+    the chat keeps each streamed piece of an answer as a content of its own. Returns a record
+    per answer and the chat's history at the end."""
+    c = client(proxy)
+    config = types.GenerateContentConfig(
+        tools=TOOLS, system_instruction="You are a build agent.",
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True))
+    chat = c.chats.create(model=model, config=config)
+    message: object = "build the project"
+    seen = []
+    for _ in range(turns):
+        record: dict = {"chunks": 0}
+        parts: list[types.Part] = []
+        try:
+            for piece in chat.send_message_stream(message):
+                record["chunks"] += 1
+                if piece.candidates and piece.candidates[0].content:
+                    parts += piece.candidates[0].content.parts or []
+        except errors.APIError as e:
+            record["error"] = e
+            record["text"] = "".join(p.text or "" for p in parts)
+            seen.append(record)
+            break
+        calls = [p.function_call for p in parts if p.function_call]
+        record["text"] = "".join(p.text or "" for p in parts if not p.function_call)
+        record["calls"] = [(f.name, dict(f.args or {})) for f in calls]
+        seen.append(record)
+        if record["text"] == DONE:
+            break
+        message = [types.Part.from_function_response(name=f.name, response={"output": TOOL_OUTPUT})
+                   for f in calls] or "Go on."
+    return seen, chat.get_history()
+
+
+def test_a_streamed_chat_keeps_pieces_apart_and_is_judged_as_one_answer_each(proxy, upstream):
+    seen, history = run_chat(proxy, "loop", 8)
+    assert len(seen) == 5, seen
+    for s in seen[:3]:
+        assert s["calls"] == [("bash", BUILD)] and s["text"] == "Building.", s
+    # The chat kept each piece of an answer as a content: the model saw runs of them.
+    roles = [c["role"] for c in upstream.requests[1]["body"]["contents"]]
+    assert roles == ["user", "model", "model", "model", "user"], roles
+    outputs = [o["output"] for o in responses_in(upstream.requests[3])]
+    assert outputs == [TOOL_OUTPUT, TOOL_OUTPUT, f"{TOOL_OUTPUT}\n\n{NUDGE}"], outputs
+    assert seen[3]["calls"] == [], seen[3]
+    assert seen[3]["text"].startswith("Building.[loopguard] Refused: bash called 4 times"), seen[3]
+    e = seen[4]["error"]
+    assert isinstance(e, errors.ClientError) and e.status == "FAILED_PRECONDITION", repr(e)
+    assert e.details["error"]["loopguard"]["detector"] == "exact_repeat"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
