@@ -156,7 +156,7 @@ pub fn with_ids(contents: &[Value], first_turn: u64) -> Vec<Value> {
                 .unwrap_or_default()
                 .to_owned();
             let id = inner.get("id").and_then(Value::as_str).map(str::to_owned);
-            if key.contains("all") {
+            if key == "functionCall" || key == "function_call" {
                 let id = id.unwrap_or_else(|| {
                     let k = seen_names.entry(name.clone()).or_default();
                     *k += 1;
@@ -670,7 +670,9 @@ impl<J: Judge> Stream<J> {
             self.state.committed |= !t.is_empty();
             self.keep_text(t);
         }
-        if !finished {
+        if !finished || self.judged {
+            // Before the finish: what is left of the event. After the answer was judged (a
+            // finish reason seen again), nothing more is judged: the event goes as it came.
             if took.is_empty() {
                 out.push(ev.raw);
             } else if has_parts {
