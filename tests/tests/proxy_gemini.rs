@@ -902,3 +902,46 @@ async fn the_decision_log_is_what_simulate_decides() {
         "the log: {logged:#?}\nsimulate: {simulated:#?}\nthe conversation: {made:#?}"
     );
 }
+
+/// In-chat commands in a person's text part are taken out and answered by the proxy in
+/// Gemini's shape, as the client asked (whole, `alt=sse`, array); the model never sees them.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chat_commands_are_answered_in_gemini_s_shape() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), 3);
+    let p = Proxy::start(
+        &up.base,
+        &["--rules", policy.to_str().unwrap(), "--allow-chat-commands"],
+    );
+    for mode in MODES {
+        let body = json!({"contents": [{"role": "user",
+            "parts": [{"text": "!/set(tool-loop-max-repeats=4)"}]}]});
+        let t = ask(&p, "text", mode, Key::Header, &body).await;
+        assert_eq!(t.status, 200, "{mode:?}: {}", t.raw);
+        assert_eq!(t.chunks.len(), 1, "{mode:?}: {}", t.raw);
+        if mode == Mode::Array {
+            assert!(t.raw.starts_with('['), "{}", t.raw);
+        }
+        assert!(
+            t.text()
+                .starts_with("[loopguard] Done: tool-loop-max-repeats=4."),
+            "{mode:?}: {}",
+            t.text()
+        );
+        assert_eq!(t.finish(), "STOP");
+        // Beside other text, the command is taken out and the rest goes to the model.
+        let before = up.got().len();
+        let body = json!({"contents": [{"role": "user",
+            "parts": [{"text": "!/set(tool-loop-max-repeats=5) build it"}]}]});
+        let t = ask(&p, "text", mode, Key::Header, &body).await;
+        assert_eq!(t.status, 200);
+        let got = &up.got()[before];
+        assert_eq!(got.body["contents"][0]["parts"][0]["text"], "build it");
+    }
+    assert_eq!(
+        up.got().len(),
+        3,
+        "the commands alone never reached the model"
+    );
+}

@@ -407,6 +407,7 @@ async fn handle(wire: Wire, state: Shared, headers: HeaderMap, body: Body) -> Re
     let routed = Routed {
         target: Target::of(wire),
         given: None,
+        array: false,
         ident: headers.clone(),
     };
     handle_routed(wire, state, headers, body, routed).await
@@ -467,6 +468,7 @@ async fn gemini(
     let routed = Routed {
         target: Target { segments, query },
         given: Some((Some(model.to_owned()).filter(|m| !m.is_empty()), stream)),
+        array: verb == "streamGenerateContent" && !sse,
         ident: with_query_key(&headers, uri.query()),
     };
     handle_routed(Wire::Gemini, state, headers, body, routed).await
@@ -582,6 +584,9 @@ struct Routed {
     target: Target,
     /// The model and whether it streams, when the path says so.
     given: Option<(Option<String>, bool)>,
+    /// The answer is Gemini's JSON array of responses (`streamGenerateContent` without
+    /// `alt=sse`).
+    array: bool,
     /// The headers the caller is known by and whose credentials are redacted: the request's,
     /// with a `key` query parameter read into `x-goog-api-key`. The request's own headers are
     /// what is forwarded.
@@ -630,6 +635,7 @@ async fn handle_inner(
     let Routed {
         target,
         given,
+        array,
         ident,
     } = routed;
     let bytes = match read_body(
@@ -661,7 +667,7 @@ async fn handle_inner(
             return refused(state, wire.name(), e).response(wire);
         }
         Prepared::Fail(e) => return e.response(wire),
-        Prepared::Reply(turn, text) => return reply(state, &turn, &text),
+        Prepared::Reply(turn, text) => return reply(state, &turn, &text, array),
         Prepared::Forward(turn) => *turn,
     };
     tracing::debug!(session = ?turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, format = wire.name(), "forwarding");
@@ -1211,9 +1217,14 @@ fn finish(
 }
 
 /// The proxy's own answer (to in-chat commands), shaped as the client asked.
-fn reply(state: &State, turn: &Turn, text: &str) -> Response {
+/// `array`: the client asked for Gemini's JSON array of responses (`streamGenerateContent`
+/// without `alt=sse`), which gets the answer as an array of one.
+fn reply(state: &State, turn: &Turn, text: &str, array: bool) -> Response {
     let model = turn.model.as_deref().unwrap_or("loopguard");
-    let (body, content_type) = turn.wire.reply(text, model, state.next_id(), turn.stream);
+    let (mut body, content_type) = turn.wire.reply(text, model, state.next_id(), turn.stream);
+    if array {
+        body = format!("[{body}]");
+    }
     let mut out = Response::new(Body::from(body));
     out.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
