@@ -541,10 +541,11 @@ fn fuzz_the_snapshot_restore() {
     });
 }
 
-const WIRES: [loopguard_proxy::Wire; 3] = [
+const WIRES: [loopguard_proxy::Wire; 4] = [
     loopguard_proxy::Wire::Chat,
     loopguard_proxy::Wire::Messages,
     loopguard_proxy::Wire::Responses,
+    loopguard_proxy::Wire::Gemini,
 ];
 
 #[test]
@@ -600,6 +601,8 @@ fn fuzz_the_proxy_sse_parser() {
             "{\"type\":\"response.output_item.added\",\"output_index\":2,\"item\":{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"bash\"}}",
             "{\"type\":\"response.function_call_arguments.delta\",\"output_index\":2,\"delta\":\"{\"}",
             "{\"type\":\"response.completed\",\"response\":{\"output\":[]}}",
+            "{\"candidates\":[{\"content\":{\"role\":\"model\",\"parts\":[{\"text\":\"x\"}]}}]}",
+            "{\"candidates\":[{\"content\":{\"parts\":[{\"functionCall\":{\"name\":\"bash\",\"args\":{}}}]},\"finishReason\":\"STOP\"}]}",
         ],
         run: |input| {
             // Fed whole and in small pieces: a parser must not depend on how reads split.

@@ -63,15 +63,19 @@ impl ApiError {
     pub fn missing_key(wire: Wire) -> ApiError {
         let kind = match wire {
             Wire::Messages => "authentication_error",
-            Wire::Chat | Wire::Responses => "invalid_request_error",
+            Wire::Chat | Wire::Responses | Wire::Gemini => "invalid_request_error",
         };
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            kind,
-            MISSING_API_KEY,
-            "this proxy requires an API key: send it in the `Authorization` header \
-             (`Bearer <key>`), or in `x-api-key` or `api-key`",
-        )
+        let message = match wire {
+            Wire::Gemini => {
+                "this proxy requires an API key: send it in the `x-goog-api-key` header or the \
+                 `key` query parameter"
+            }
+            _ => {
+                "this proxy requires an API key: send it in the `Authorization` header \
+                 (`Bearer <key>`), or in `x-api-key` or `api-key`"
+            }
+        };
+        ApiError::new(StatusCode::UNAUTHORIZED, kind, MISSING_API_KEY, message)
     }
 
     /// A 5xx: the upstream failed.
@@ -103,22 +107,67 @@ impl ApiError {
         error
     }
 
-    /// The envelope as a JSON body, shaped for `wire`: OpenAI's `{"error": {…}}`, or
-    /// Anthropic's `{"type": "error", "error": {…}}`.
+    /// Google's error object: the HTTP status as `code`, `message`, the RPC `status`, the
+    /// proxy's code as the `reason` of an `ErrorInfo` detail, and `loopguard` when there is
+    /// detail.
+    fn google(&self) -> Value {
+        let mut error = json!({
+            "code": self.status.as_u16(),
+            "message": self.message,
+            "status": self.rpc_status(),
+            "details": [{
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": self.code,
+                "domain": "loopguard",
+                "metadata": {"type": self.kind},
+            }],
+        });
+        if let (Some(detail), Some(obj)) = (&self.detail, error.as_object_mut()) {
+            obj.insert("loopguard".into(), detail.clone());
+        }
+        error
+    }
+
+    /// The `google.rpc.Code` name Google's APIs pair with the error's status; a stopped
+    /// session is `FAILED_PRECONDITION` (the request is fine, the session's state refuses it).
+    fn rpc_status(&self) -> &'static str {
+        if self.is_stop() {
+            return "FAILED_PRECONDITION";
+        }
+        match self.status.as_u16() {
+            400 | 413 => "INVALID_ARGUMENT",
+            401 => "UNAUTHENTICATED",
+            403 => "PERMISSION_DENIED",
+            404 => "NOT_FOUND",
+            405 | 501 => "UNIMPLEMENTED",
+            408 | 504 => "DEADLINE_EXCEEDED",
+            409 => "ABORTED",
+            429 => "RESOURCE_EXHAUSTED",
+            499 => "CANCELLED",
+            500 => "INTERNAL",
+            502 | 503 => "UNAVAILABLE",
+            _ => "UNKNOWN",
+        }
+    }
+
+    /// The envelope as a JSON body, shaped for `wire`: OpenAI's `{"error": {…}}`,
+    /// Anthropic's `{"type": "error", "error": {…}}`, or Google's `{"error": {"code": 400,
+    /// "message", "status", …}}`.
     pub fn body(&self, wire: Wire) -> Value {
         match wire {
             Wire::Chat | Wire::Responses => json!({ "error": self.object() }),
             Wire::Messages => json!({ "type": "error", "error": self.object() }),
+            Wire::Gemini => json!({ "error": self.google() }),
         }
     }
 
     /// The envelope as the last event of a stream, shaped for `wire`. OpenAI clients raise an
     /// error for any event whose data has an `error` object; Anthropic clients for an `error`
-    /// event. A Responses stream's `error` event also carries `code` and `message` at the top,
+    /// event (Gemini's, the data of an event, as its API sends one). A Responses stream's `error` event also carries `code` and `message` at the top,
     /// as that API's own error events do.
     pub fn sse_event(&self, wire: Wire) -> String {
         match wire {
-            Wire::Chat => format!("data: {}\n\n", self.body(wire)),
+            Wire::Chat | Wire::Gemini => format!("data: {}\n\n", self.body(wire)),
             Wire::Messages => format!("event: error\ndata: {}\n\n", self.body(wire)),
             Wire::Responses => format!(
                 "event: error\ndata: {}\n\n",
@@ -213,6 +262,35 @@ mod tests {
         assert_eq!(data["type"], "error");
         assert_eq!(data["code"], "upstream_unreachable");
         assert_eq!(data["error"]["code"], "upstream_unreachable");
+    }
+
+    #[test]
+    fn a_google_envelope_has_the_status_as_code_and_the_proxys_code_as_reason() {
+        let mut e = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "loop_detected",
+            "tool_loop_terminated",
+            "stopped",
+        );
+        e.detail = Some(json!({"tool": "bash"}));
+        let body = e.body(Wire::Gemini);
+        assert_eq!(body["error"]["code"], 400);
+        assert_eq!(body["error"]["status"], "FAILED_PRECONDITION");
+        assert_eq!(
+            body["error"]["details"][0]["reason"],
+            "tool_loop_terminated"
+        );
+        assert_eq!(body["error"]["loopguard"]["tool"], "bash");
+        assert!(e.sse_event(Wire::Gemini).starts_with("data: {\"error\":"));
+        let key = ApiError::missing_key(Wire::Gemini).body(Wire::Gemini);
+        assert_eq!(key["error"]["status"], "UNAUTHENTICATED");
+        assert_eq!(key["error"]["details"][0]["reason"], MISSING_API_KEY);
+        assert!(
+            key["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("x-goog-api-key")
+        );
     }
 
     #[test]

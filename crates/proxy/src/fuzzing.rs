@@ -126,6 +126,9 @@ pub fn stream(wire: Wire, bytes: &[u8], step: usize) {
 fn turn(wire: Wire) -> Option<TurnJudge> {
     let json = match wire {
         Wire::Responses => serde_json::json!({"model": "fuzz", "input": "run the tests"}),
+        Wire::Gemini => serde_json::json!({
+            "contents": [{"role": "user", "parts": [{"text": "run the tests"}]}],
+        }),
         _ => serde_json::json!({
             "model": "fuzz",
             "messages": [{"role": "user", "content": "run the tests"}],

@@ -120,6 +120,13 @@ pub trait Judge: Send {
     /// default.
     fn set_response_id(&mut self, _id: &str) {}
 
+    /// How many model answers the conversation held before the one being judged: Gemini
+    /// names a call that has no id by its answer's place (see
+    /// [`crate::wire::gemini::synthetic_id`]). 0 by default.
+    fn answer_turn(&self) -> u64 {
+        0
+    }
+
     /// Takes the request's credentials out of an error the upstream sent in its stream (some
     /// upstreams quote the key they were sent); returns whether anything was replaced. Nothing
     /// is by default.

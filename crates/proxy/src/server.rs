@@ -50,8 +50,10 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/responses/{*rest}", any(passthrough))
         .route("/v1/models", get(passthrough))
         .route("/models", get(passthrough))
-        .route("/v1/models/{*id}", get(passthrough))
-        .route("/models/{*id}", get(passthrough))
+        .route("/v1/models/{*id}", get(passthrough).post(gemini))
+        .route("/models/{*id}", get(passthrough).post(gemini))
+        .route("/v1beta/models", get(passthrough))
+        .route("/v1beta/models/{*id}", get(passthrough).post(gemini))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(unsupported)
@@ -84,9 +86,10 @@ async fn metrics(Extract(state): Extract<Shared>) -> Response {
 }
 
 /// The paths the proxy serves, for error messages.
-const SERVED: &str = "POST /v1/chat/completions, POST /v1/messages, POST /v1/responses \
-     (and the routes beside them: GET /v1/models, POST /v1/messages/count_tokens, \
-     /v1/responses/{id}), GET /healthz and GET /metrics";
+const SERVED: &str = "POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, \
+     POST /v1beta/models/{model}:generateContent and :streamGenerateContent (and the routes \
+     beside them: GET /v1/models, POST /v1/messages/count_tokens, /v1/responses/{id}, \
+     GET /v1beta/models, POST /v1beta/models/{model}:countTokens), GET /healthz and GET /metrics";
 
 async fn unsupported(Extract(state): Extract<Shared>, method: Method, uri: Uri) -> Response {
     state.metrics.request("other");
@@ -101,17 +104,27 @@ async fn unsupported(Extract(state): Extract<Shared>, method: Method, uri: Uri) 
         "/v1/messages/count_tokens",
         "/v1/models",
         "/models",
+        "/v1beta/models",
         "/healthz",
         "/metrics",
     ];
-    if known.contains(&path) || path.starts_with("/v1/models/") || path.starts_with("/models/") {
+    let wire = if path.starts_with("/v1beta/") {
+        Wire::Gemini
+    } else {
+        Wire::Chat
+    };
+    if known.contains(&path)
+        || path.starts_with("/v1/models/")
+        || path.starts_with("/models/")
+        || path.starts_with("/v1beta/models/")
+    {
         return ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request_error",
             "method_not_allowed",
             format!("`{method} {path}` is not served: the proxy serves {SERVED}"),
         )
-        .into_response();
+        .response(wire);
     }
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -122,7 +135,7 @@ async fn unsupported(Extract(state): Extract<Shared>, method: Method, uri: Uri) 
              to the upstream directly"
         ),
     )
-    .into_response()
+    .response(wire)
 }
 
 /// Request headers not forwarded: hop-by-hop ones, ours, and those the proxy sets itself.
@@ -391,12 +404,125 @@ async fn responses(Extract(state): Extract<Shared>, headers: HeaderMap, body: Bo
 }
 
 async fn handle(wire: Wire, state: Shared, headers: HeaderMap, body: Body) -> Response {
+    let routed = Routed {
+        target: Target::of(wire),
+        given: None,
+        array: false,
+        ident: headers.clone(),
+    };
+    handle_routed(wire, state, headers, body, routed).await
+}
+
+/// The Gemini methods the proxy judges, and those it passes through unjudged.
+const GEMINI_JUDGED: [&str; 2] = ["generateContent", "streamGenerateContent"];
+const GEMINI_PASSED: [&str; 3] = ["countTokens", "embedContent", "batchEmbedContents"];
+
+/// `POST …/models/{model}:{method}`: Gemini's `generateContent` and `streamGenerateContent`
+/// are judged (the path goes to the upstream as it came, under its base, with the client's
+/// query); `countTokens` and the embedding methods pass through.
+async fn gemini(
+    Extract(state): Extract<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let path = uri.path();
+    let last = path.rsplit('/').next().unwrap_or_default();
+    let last = percent_encoding::percent_decode_str(last).decode_utf8_lossy();
+    let (model, verb) = last.rsplit_once(':').unwrap_or((&last, ""));
+    if GEMINI_PASSED.contains(&verb) {
+        return passthrough(Extract(state), method, uri, headers, body).await;
+    }
+    if !GEMINI_JUDGED.contains(&verb) {
+        state.metrics.request("other");
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unsupported_path",
+            format!(
+                "`{method} {path}` is not proxied: loopguard serves {SERVED}; send other \
+                 requests to the upstream directly"
+            ),
+        )
+        .response(Wire::Gemini);
+    }
+    let query = uri.query().map(str::to_owned);
+    // `alt=sse` streams events; `streamGenerateContent` without it answers with a JSON array,
+    // which is judged whole.
+    let sse = query_pairs(query.as_deref())
+        .iter()
+        .any(|(k, v)| k == "alt" && v == "sse");
+    let stream = verb == "streamGenerateContent" && sse;
+    let Some(segments) = path
+        .strip_prefix('/')
+        .and_then(crate::upstream::model_segments)
+    else {
+        state.metrics.request(Wire::Gemini.name());
+        let e = ApiError::invalid_request(
+            "invalid_path",
+            "a path may not have empty, `.` or `..` segments",
+        );
+        return refused(&state, Wire::Gemini.name(), e).response(Wire::Gemini);
+    };
+    let routed = Routed {
+        target: Target { segments, query },
+        given: Some((Some(model.to_owned()).filter(|m| !m.is_empty()), stream)),
+        array: verb == "streamGenerateContent" && !sse,
+        ident: with_query_key(&headers, uri.query()),
+    };
+    handle_routed(Wire::Gemini, state, headers, body, routed).await
+}
+
+/// The name/value pairs of a query, decoded (`+` is a space).
+fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(&s.replace('+', " "))
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// `headers` with the `key` query parameter (Gemini's other place for the API key) read into
+/// `x-goog-api-key`, when the header is not there: the caller is known by it and it is
+/// redacted like any header credential.
+fn with_query_key(headers: &HeaderMap, query: Option<&str>) -> HeaderMap {
+    let mut out = headers.clone();
+    if out.contains_key("x-goog-api-key") {
+        return out;
+    }
+    let key = query_pairs(query)
+        .into_iter()
+        .find(|(k, v)| k == "key" && !v.is_empty())
+        .map(|(_, v)| v);
+    if let Some(v) = key.and_then(|k| HeaderValue::from_str(&k).ok()) {
+        out.insert("x-goog-api-key", v);
+    }
+    out
+}
+
+async fn handle_routed(
+    wire: Wire,
+    state: Shared,
+    headers: HeaderMap,
+    body: Body,
+    routed: Routed,
+) -> Response {
     let started = Instant::now();
     state.metrics.request(wire.name());
-    if let Some(refused) = keyless(&state, &headers, wire, wire.name()) {
+    if let Some(refused) = keyless(&state, &routed.ident, wire, wire.name()) {
         return refused;
     }
-    let resp = handle_inner(wire, &state, &headers, body, started).await;
+    let resp = handle_inner(wire, &state, &headers, body, routed, started).await;
     if resp.extensions().get::<Pumped>().is_none() {
         state.metrics.observe_latency(started.elapsed());
     }
@@ -431,17 +557,54 @@ fn refused(state: &State, route: &str, e: ApiError) -> ApiError {
     e
 }
 
-/// Sends a request body to the upstream's `wire` endpoint.
+/// Where a request goes under the upstream's base: path segments and the client's query.
+#[derive(Clone, Debug)]
+struct Target {
+    segments: Vec<String>,
+    query: Option<String>,
+}
+
+impl Target {
+    /// The endpoint of `wire` (whose path is fixed), without a query.
+    fn of(wire: Wire) -> Target {
+        Target {
+            segments: wire
+                .upstream_path()
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            query: None,
+        }
+    }
+}
+
+/// What the route of a request says about it beside its body (Gemini's path and query).
+struct Routed {
+    /// Where it goes upstream.
+    target: Target,
+    /// The model and whether it streams, when the path says so.
+    given: Option<(Option<String>, bool)>,
+    /// The answer is Gemini's JSON array of responses (`streamGenerateContent` without
+    /// `alt=sse`).
+    array: bool,
+    /// The headers the caller is known by and whose credentials are redacted: the request's,
+    /// with a `key` query parameter read into `x-goog-api-key`. The request's own headers are
+    /// what is forwarded.
+    ident: HeaderMap,
+}
+
+/// Sends a request body to the upstream at `target`.
 async fn send(
     state: &State,
-    wire: Wire,
+    target: &Target,
     headers: &HeaderMap,
     body: Bytes,
     deadline: Deadline,
 ) -> Result<reqwest::Response, ApiError> {
-    let url = state
-        .upstream
-        .endpoint(wire.upstream_path().iter().copied(), None);
+    let url = state.upstream.endpoint(
+        target.segments.iter().map(String::as_str),
+        target.query.as_deref(),
+    );
     let request = state
         .client
         .post(url)
@@ -466,8 +629,15 @@ async fn handle_inner(
     state: &Shared,
     headers: &HeaderMap,
     body: Body,
+    routed: Routed,
     started: Instant,
 ) -> Response {
+    let Routed {
+        target,
+        given,
+        array,
+        ident,
+    } = routed;
     let bytes = match read_body(
         headers,
         body,
@@ -491,13 +661,13 @@ async fn handle_inner(
             return refused(state, wire.name(), e).response(wire);
         }
     };
-    let turn = match judging(state, || state.prepare(wire, headers, &mut body)) {
+    let turn = match judging(state, || state.prepare_for(wire, &ident, &mut body, given)) {
         // A request the proxy cannot read is refused; a loop's end is an answer.
         Prepared::Fail(e) if e.kind == "invalid_request_error" => {
             return refused(state, wire.name(), e).response(wire);
         }
         Prepared::Fail(e) => return e.response(wire),
-        Prepared::Reply(turn, text) => return reply(state, &turn, &text),
+        Prepared::Reply(turn, text) => return reply(state, &turn, &text, array),
         Prepared::Forward(turn) => *turn,
     };
     tracing::debug!(session = ?turn.session, model = turn.model.as_deref().unwrap_or("-"), stream = turn.stream, format = wire.name(), "forwarding");
@@ -508,14 +678,14 @@ async fn handle_inner(
         // Nothing changed: the upstream gets the client's bytes.
         bytes.clone()
     };
-    let resp = match send(state, wire, headers, sent.clone(), deadline).await {
+    let resp = match send(state, &target, headers, sent.clone(), deadline).await {
         Ok(r) => r,
         Err(e) => {
             judging(state, || state.settle_turn(&turn));
             return e.response(wire);
         }
     };
-    let secrets = Secrets::of(headers, &state.upstream);
+    let secrets = Secrets::of(&ident, &state.upstream);
     if !resp.status().is_success() {
         judging(state, || state.settle_turn(&turn));
         return pass_error(state, wire, resp, deadline, &secrets).await;
@@ -525,6 +695,7 @@ async fn handle_inner(
     let retry = Retry {
         request: sent,
         headers: headers.clone(),
+        target,
     };
     if is_sse(&resp) {
         return stream(state, wire, resp, judge, retry, started).await;
@@ -565,7 +736,7 @@ async fn plain(
             .request()
             .and_then(|request| wire.retry(&request, &value, &call, &guidance))
         {
-            Some(body) => second_answer(state, wire, &retry.headers, &body, deadline).await,
+            Some(body) => second_answer(state, retry, &body, deadline).await,
             None => None,
         };
         match again {
@@ -649,15 +820,20 @@ fn judged(
 /// `None` when it cannot be had (the first answer then stands).
 async fn second_answer(
     state: &Shared,
-    wire: Wire,
-    headers: &HeaderMap,
+    retry: &Retry,
     body: &Value,
     deadline: Deadline,
 ) -> Option<Vec<u8>> {
     let bytes = serde_json::to_vec(body).ok()?;
-    let resp = send(state, wire, headers, Bytes::from(bytes), deadline)
-        .await
-        .ok()?;
+    let resp = send(
+        state,
+        &retry.target,
+        &retry.headers,
+        Bytes::from(bytes),
+        deadline,
+    )
+    .await
+    .ok()?;
     if !resp.status().is_success() {
         state.metrics.upstream_error("status");
         return None;
@@ -695,6 +871,7 @@ enum Piece {
 struct Retry {
     request: Bytes,
     headers: HeaderMap,
+    target: Target,
 }
 
 impl Retry {
@@ -863,9 +1040,15 @@ async fn pump(
         let deadline = Deadline::now() + state.options.timeout;
         let next = match again {
             Some(body) => match serde_json::to_vec(&body) {
-                Ok(bytes) => send(&state, wire, &retry.headers, Bytes::from(bytes), deadline)
-                    .await
-                    .ok(),
+                Ok(bytes) => send(
+                    &state,
+                    &retry.target,
+                    &retry.headers,
+                    Bytes::from(bytes),
+                    deadline,
+                )
+                .await
+                .ok(),
                 Err(_) => None,
             },
             None => None,
@@ -1034,9 +1217,14 @@ fn finish(
 }
 
 /// The proxy's own answer (to in-chat commands), shaped as the client asked.
-fn reply(state: &State, turn: &Turn, text: &str) -> Response {
+/// `array`: the client asked for Gemini's JSON array of responses (`streamGenerateContent`
+/// without `alt=sse`), which gets the answer as an array of one.
+fn reply(state: &State, turn: &Turn, text: &str, array: bool) -> Response {
     let model = turn.model.as_deref().unwrap_or("loopguard");
-    let (body, content_type) = turn.wire.reply(text, model, state.next_id(), turn.stream);
+    let (mut body, content_type) = turn.wire.reply(text, model, state.next_id(), turn.stream);
+    if array {
+        body = format!("[{body}]");
+    }
     let mut out = Response::new(Body::from(body));
     out.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -1054,8 +1242,19 @@ async fn passthrough(
     body: Body,
 ) -> Response {
     let path = uri.path();
-    let rest = path.strip_prefix("/v1").unwrap_or(path);
-    let route = if rest.starts_with("/models") {
+    // Gemini's paths go to the upstream whole (its base has no version); others' lose the
+    // `/v1` their base already ends with.
+    let google = path.starts_with("/v1beta/")
+        || path == "/v1beta/models"
+        || headers.contains_key("x-goog-api-key")
+        || query_pairs(uri.query()).iter().any(|(k, _)| k == "key");
+    let rest = if google {
+        path
+    } else {
+        path.strip_prefix("/v1").unwrap_or(path)
+    };
+    let ident = with_query_key(&headers, uri.query());
+    let route = if rest.starts_with("/models") || (google && rest.contains("/models")) {
         "models"
     } else {
         "passthrough"
@@ -1064,14 +1263,16 @@ async fn passthrough(
     // A refusal is shaped for the API the route belongs to: the token count is Anthropic's,
     // stored responses are OpenAI's, and the model list is either (Anthropic clients send
     // `anthropic-version` with every request).
-    let wire = if rest.starts_with("/messages/") || headers.contains_key("anthropic-version") {
+    let wire = if google {
+        Wire::Gemini
+    } else if rest.starts_with("/messages/") || headers.contains_key("anthropic-version") {
         Wire::Messages
     } else if rest.starts_with("/responses/") {
         Wire::Responses
     } else {
         Wire::Chat
     };
-    if let Some(refused) = keyless(&state, &headers, wire, route) {
+    if let Some(refused) = keyless(&state, &ident, wire, route) {
         return refused;
     }
     let Some(segments) = rest
@@ -1082,7 +1283,7 @@ async fn passthrough(
             "invalid_path",
             "a path may not have empty, `.` or `..` segments",
         );
-        return refused(&state, route, e).into_response();
+        return refused(&state, route, e).response(wire);
     };
     let bytes = if method == Method::GET || method == Method::HEAD {
         Bytes::new()
@@ -1100,7 +1301,7 @@ async fn passthrough(
                 if e.status == StatusCode::REQUEST_TIMEOUT {
                     state.metrics.slow_client();
                 }
-                return refused(&state, route, e).into_response();
+                return refused(&state, route, e).response(wire);
             }
         }
     };
@@ -1118,13 +1319,13 @@ async fn passthrough(
             .body(bytes);
     }
     let resp = match timeout_at(deadline, request.send()).await {
-        Err(_) => return timed_out(&state, "with response headers").into_response(),
-        Ok(Err(e)) => return upstream_failure(&state, &e, "with response headers").into_response(),
+        Err(_) => return timed_out(&state, "with response headers").response(wire),
+        Ok(Err(e)) => return upstream_failure(&state, &e, "with response headers").response(wire),
         Ok(Ok(r)) => r,
     };
-    let secrets = Secrets::of(&headers, &state.upstream);
+    let secrets = Secrets::of(&ident, &state.upstream);
     if !resp.status().is_success() {
-        return pass_error(&state, Wire::Chat, resp, deadline, &secrets).await;
+        return pass_error(&state, wire, resp, deadline, &secrets).await;
     }
     let status = resp.status();
     let content_type = resp
@@ -1135,7 +1336,7 @@ async fn passthrough(
     passed_back(resp.headers(), &mut headers, &secrets);
     let body = match read_upstream(&state, resp, deadline).await {
         Ok(b) => b,
-        Err(e) => return e.into_response(),
+        Err(e) => return e.response(wire),
     };
     let mut out = (status, body).into_response();
     if let Some(ct) = content_type {

@@ -36,8 +36,9 @@ pub const HEADER: &str = "x-session-id";
 pub const MAX_ID: usize = 200;
 
 /// The API key a request carries: `Authorization: Bearer …` (or any other scheme, or a key
-/// sent without one), else `x-api-key` (Anthropic), else `api-key` (Azure OpenAI); the first of
-/// them that holds a key. A header that holds none (empty, or a scheme alone) does not hide
+/// sent without one), else `x-api-key` (Anthropic), else `api-key` (Azure OpenAI), else
+/// `x-goog-api-key` (Gemini; its `key` query parameter is read into this header for the
+/// purpose); the first of them that holds a key. A header that holds none (empty, or a scheme alone) does not hide
 /// the ones after it.
 pub fn credential(headers: &HeaderMap) -> Option<&str> {
     let auth = headers
@@ -55,13 +56,15 @@ pub fn credential(headers: &HeaderMap) -> Option<&str> {
         })
         .filter(|k| !k.is_empty());
     auth.or_else(|| {
-        ["x-api-key", "api-key"].iter().find_map(|h| {
-            headers
-                .get(*h)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|k| !k.is_empty())
-        })
+        ["x-api-key", "api-key", "x-goog-api-key"]
+            .iter()
+            .find_map(|h| {
+                headers
+                    .get(*h)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+            })
     })
 }
 

@@ -550,6 +550,18 @@ impl State {
     /// Reads a request of any wire format: session, commands, tail events, nudges. Rewrites
     /// `body` into what goes upstream (see [`Turn::body_changed`]).
     pub fn prepare(&self, wire: Wire, headers: &HeaderMap, body: &mut Body<'_>) -> Prepared {
+        self.prepare_for(wire, headers, body, None)
+    }
+
+    /// [`State::prepare`] for a request whose path names its model and whether it streams
+    /// (`routed`: Gemini's), instead of its body.
+    pub fn prepare_for(
+        &self,
+        wire: Wire,
+        headers: &HeaderMap,
+        body: &mut Body<'_>,
+        routed: Option<(Option<String>, bool)>,
+    ) -> Prepared {
         let session = self.identify(wire, headers, body);
         let honour = match &self.options.chat_commands {
             crate::ChatCommands::Off => false,
@@ -559,8 +571,10 @@ impl State {
                     .contains(&session::key_hash(k, self.command_seed))
             }),
         };
-        let model = wire.model(body);
-        let stream = wire.wants_stream(body);
+        let (model, stream) = match routed {
+            Some(given) => given,
+            None => (wire.model(body), wire.wants_stream(body)),
+        };
         let previous = wire.previous_response(body);
         let stored =
             wire == Wire::Responses && body.get("store").and_then(Value::as_bool) != Some(false);
@@ -571,6 +585,7 @@ impl State {
                 "invalid_messages",
                 match wire {
                     Wire::Responses => "the request needs `input`, a string or a list of items",
+                    Wire::Gemini => "the request needs `contents`, an array of contents",
                     _ => "the request needs `messages`, an array of messages",
                 },
             ));
@@ -683,7 +698,7 @@ impl State {
         // The tail's events, read as `loopctl simulate` reads them (the tail alone: what came
         // before it was judged by earlier requests). They all belong to the turn after the
         // last assistant message.
-        let items = wire.read(&tail_values);
+        let items = wire.read_tail(msgs, tail);
         let at_turn = turn.assistant_turns;
         for item in &items {
             match &item.kind {
@@ -807,13 +822,13 @@ impl State {
 
 /// How many assistant messages a conversation holds, as `loopctl simulate` counts them: each
 /// assistant message, and (Responses) each run of output items one model turn wrote (a
-/// message, reasoning, calls).
+/// message, reasoning, calls), and (Gemini) each run of `model` contents.
 fn assistant_messages(wire: Wire, msgs: &mut Messages<'_>) -> u64 {
     let mut count = 0;
     let mut previous = false;
     for i in 0..msgs.len() {
         let assistant = wire.seen(msgs, i) == Seen::Assistant;
-        if assistant && !(previous && wire == Wire::Responses) {
+        if assistant && !(previous && matches!(wire, Wire::Responses | Wire::Gemini)) {
             count += 1;
         }
         previous = assistant;
@@ -1041,6 +1056,10 @@ impl Judge for TurnJudge {
 
     fn redact(&self, error: &mut Value) -> bool {
         self.secrets.value(error)
+    }
+
+    fn answer_turn(&self) -> u64 {
+        self.turn.assistant_turns
     }
 
     fn judge(&mut self, text: &str, calls: &[CallIn]) -> Judged {

@@ -7,7 +7,9 @@
 //!
 //! - a `model` content is one assistant message: its `thought` text parts are reasoning, its
 //!   other text parts (concatenated: they are pieces of one streamed answer) its text, its
-//!   `functionCall` parts its calls in order;
+//!   `functionCall` parts its calls in order; consecutive `model` contents are one (the pieces
+//!   of a streamed answer, which the SDKs' chats keep as a content each), at the line of the
+//!   first;
 //! - a `functionResponse` part (in a `user`, `function` or `tool` content) is a result, read
 //!   before the content's text, which then counts as the host's (as beside any tool result);
 //! - a call without an `id` gets a synthetic one (`gemini_call_N`); a response answers the
@@ -27,6 +29,7 @@
 //! Gemini CLI's own session files (`{"sessionId", "messages": [{"type": "user" | "gemini",
 //! "content", "toolCalls", "thoughts"}]}`) are read by [`read_cli_session`].
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde_json::{Map, Value, json};
@@ -65,14 +68,80 @@ const PART_METADATA: &[&str] = &[
 
 /// Reads Gemini contents, each with its line.
 pub(crate) fn read(contents: &[(Line, &Value)]) -> Result<Vec<Item>, BadInput> {
-    let mut reader = Reader::new(Mode::Strict);
+    read_with(contents, Mode::Strict, true)
+}
+
+/// Reads the model contents [`response_contents`] made: each is a whole answer (its pieces
+/// already joined up to their finish reason), kept apart from the next.
+pub(crate) fn read_answers(contents: &[(Line, &Value)]) -> Result<Vec<Item>, BadInput> {
+    read_with(contents, Mode::Strict, false)
+}
+
+/// Reads Gemini contents, each with its line; in [`Mode::Lenient`] a content that cannot be
+/// read is passed over (the others are read as if it were not there). With `join`, consecutive
+/// `model` contents are read as one.
+pub(crate) fn read_with(
+    contents: &[(Line, &Value)],
+    mode: Mode,
+    join: bool,
+) -> Result<Vec<Item>, BadInput> {
+    let mut reader = Reader::new(mode);
     let mut calls = Calls::default();
-    for &(line, content) in contents {
-        for message in messages(line, content, &mut calls)? {
+    let contents = if join {
+        merge_answers(contents)
+    } else {
+        contents
+            .iter()
+            .map(|&(l, v)| (l, Cow::Borrowed(v)))
+            .collect()
+    };
+    for (line, content) in contents {
+        let read = match messages(line, &content, &mut calls) {
+            Ok(read) => read,
+            Err(_) if mode == Mode::Lenient => continue,
+            Err(e) => return Err(e),
+        };
+        for message in read {
             reader.message(line, &message)?;
         }
     }
     Ok(reader.finish())
+}
+
+/// Whether a content is a `model` content whose parts can be joined with another's.
+fn joinable_answer(v: &Value) -> bool {
+    v.get("role").and_then(Value::as_str) == Some("model")
+        && matches!(v.get("parts"), None | Some(Value::Null | Value::Array(_)))
+        && v.is_object()
+}
+
+/// The contents with each run of consecutive `model` contents joined into one, at the line of
+/// the first: the pieces of one streamed answer.
+fn merge_answers<'a>(contents: &[(Line, &'a Value)]) -> Vec<(Line, Cow<'a, Value>)> {
+    let mut out: Vec<(Line, Cow<'a, Value>)> = Vec::new();
+    for &(line, content) in contents {
+        if joinable_answer(content)
+            && let Some((_, previous)) = out.last_mut()
+            && joinable_answer(previous)
+        {
+            let more = content
+                .get("parts")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if let Some(obj) = previous.to_mut().as_object_mut() {
+                match obj.get_mut("parts") {
+                    Some(Value::Array(parts)) => parts.extend(more),
+                    _ => {
+                        obj.insert("parts".into(), Value::Array(more));
+                    }
+                }
+            }
+            continue;
+        }
+        out.push((line, Cow::Borrowed(content)));
+    }
+    out
 }
 
 /// Calls made and not yet answered: by id, and per tool name oldest first.
@@ -676,6 +745,32 @@ mod tests {
     }
 
     #[test]
+    fn consecutive_model_contents_are_one_answer() {
+        // A streamed answer as google-genai's chats keep it: a content per piece.
+        let pieces = parse(
+            r#"[
+{"role":"user","parts":[{"text":"list files"}]},
+{"role":"model","parts":[{"text":"List"}]},
+{"role":"model","parts":[{"text":"ing."}]},
+{"role":"model","parts":[{"functionCall":{"name":"ls","args":{}}}]},
+{"role":"user","parts":[{"functionResponse":{"name":"ls","response":{"output":"a b"}}}]}
+]"#,
+        )
+        .unwrap();
+        let whole = parse(
+            r#"[
+{"role":"user","parts":[{"text":"list files"}]},
+{"role":"model","parts":[{"text":"Listing."},{"functionCall":{"name":"ls","args":{}}}]},
+{"role":"user","parts":[{"functionResponse":{"name":"ls","response":{"output":"a b"}}}]}
+]"#,
+        )
+        .unwrap();
+        assert_eq!(strip(&pieces.items), strip(&whole.items));
+        let lines: Vec<Line> = pieces.items.iter().map(|i| i.line).collect();
+        assert_eq!(lines, [2, 3, 3, 6]);
+    }
+
+    #[test]
     fn a_synthetic_id_never_repeats_a_recorded_one() {
         let t = parse(
             r#"[{"role":"model","parts":[{"functionCall":{"id":"gemini_call_1","name":"a"}},{"functionCall":{"name":"b"}},{"functionCall":{"id":"gemini_call_1","name":"c"}}]}]"#,
@@ -865,7 +960,13 @@ mod tests {
             chunk(r#"[{"text":"do"}]"#, ""),
             chunk(r#"[{"text":"ne"}]"#, stop),
         ];
-        let expected = parse(&format!("[{},\n{}]", CONTENTS[1], CONTENTS[3])).unwrap();
+        // Two answers (an empty user content keeps the contents apart, as a finish reason keeps
+        // the chunks apart).
+        let expected = parse(&format!(
+            "[{},\n{{\"role\":\"user\",\"parts\":[]}},\n{}]",
+            CONTENTS[1], CONTENTS[3]
+        ))
+        .unwrap();
         let jsonl = parse(&chunks.join("\n")).unwrap();
         let array = parse(&format!("[\n{}\n]", chunks.join(",\n"))).unwrap();
         for t in [&jsonl, &array] {

@@ -343,7 +343,7 @@ pub fn parse(text: &str) -> Result<Transcript, BadInput> {
         let refs: Vec<(Line, &Value)> = values.iter().map(|(l, v)| (*l, v)).collect();
         return Ok(Transcript {
             format: Format::Gemini,
-            items: gemini::read(&refs)?,
+            items: gemini::read_answers(&refs)?,
         });
     }
     // A Responses response object: an object with an `output` list of items.
@@ -762,7 +762,7 @@ fn messages(text: &str, raw: &[&RawValue]) -> Result<Transcript, BadInput> {
     } else if any(gemini::is_response) {
         let contents = gemini::response_contents(&refs)?;
         let refs: Vec<(Line, &Value)> = contents.iter().map(|(l, v)| (*l, v)).collect();
-        (Format::Gemini, gemini::read(&refs)?)
+        (Format::Gemini, gemini::read_answers(&refs)?)
     } else if any(gemini::is_cli_record) {
         (Format::GeminiCli, gemini::read_cli_session(&refs)?)
     } else if any(gemini::is_content) {

@@ -45,6 +45,16 @@ pub fn read_messages(messages: &[Value], mode: Mode) -> Result<Vec<Item>, BadInp
     Ok(reader.finish())
 }
 
+/// Reads Gemini `contents` (a `generateContent` request's conversation, see the Gemini
+/// format), each with its line: consecutive `model` contents are one answer, calls without an
+/// `id` get synthetic ones and responses pair with calls by `id`, else by name and order.
+pub fn read_gemini_contents(
+    contents: &[(Line, &Value)],
+    mode: Mode,
+) -> Result<Vec<Item>, BadInput> {
+    crate::gemini::read_with(contents, mode, true)
+}
+
 /// Reads the `input` of an OpenAI Responses request: a string (one user message) or a list of
 /// items; each event's `line` is its item's 1-based position (a run of output items read as
 /// one assistant message takes the position of its first item).

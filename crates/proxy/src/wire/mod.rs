@@ -5,14 +5,16 @@
 //! | [`Wire::Chat`]: OpenAI chat completions | `POST /v1/chat/completions` | `messages` | `tool_calls` | `role: tool` messages |
 //! | [`Wire::Messages`]: Anthropic Messages | `POST /v1/messages` | `messages` (+ `system`) | `tool_use` blocks | `tool_result` blocks |
 //! | [`Wire::Responses`]: OpenAI Responses | `POST /v1/responses` | `input` items (+ `instructions`, `previous_response_id`) | `function_call` items | `function_call_output` items |
+//! | [`Wire::Gemini`]: Google Gemini | `POST /v1beta/models/{model}:generateContent`, `:streamGenerateContent` | `contents` (+ `systemInstruction`) | `functionCall` parts | `functionResponse` parts |
 //!
 //! What every format shares lives here: reading the conversation into events (through
 //! [`loopguard_transcript::messages`], the reader `loopctl simulate` uses), finding the
 //! session's hints, stripping in-chat commands, placing nudges. What differs — where a result
 //! lives, how a note is added to it, how a response and its stream are shaped — is in one module
-//! per format ([`chat`], [`messages`], [`responses`]), behind the same functions.
+//! per format ([`chat`], [`messages`], [`responses`], [`gemini`]), behind the same functions.
 
 pub mod chat;
+pub mod gemini;
 pub mod messages;
 pub mod responses;
 
@@ -37,6 +39,8 @@ pub enum Wire {
     Messages,
     /// OpenAI Responses.
     Responses,
+    /// Google Gemini `generateContent`.
+    Gemini,
 }
 
 /// How the proxy sees one message (or Responses item) of a conversation.
@@ -59,15 +63,18 @@ impl Wire {
             Wire::Chat => "chat_completions",
             Wire::Messages => "messages",
             Wire::Responses => "responses",
+            Wire::Gemini => "gemini",
         }
     }
 
-    /// The upstream path under the base URL.
+    /// The upstream path under the base URL (Gemini's is the request's own path, which names
+    /// the model and the method).
     pub fn upstream_path(self) -> &'static [&'static str] {
         match self {
             Wire::Chat => &["chat", "completions"],
             Wire::Messages => &["messages"],
             Wire::Responses => &["responses"],
+            Wire::Gemini => &[],
         }
     }
 
@@ -76,6 +83,7 @@ impl Wire {
         match self {
             Wire::Chat | Wire::Messages => "messages",
             Wire::Responses => "input",
+            Wire::Gemini => "contents",
         }
     }
 
@@ -96,19 +104,40 @@ impl Wire {
                     list.iter().enumerate().map(|(i, v)| (i + 1, v)).collect();
                 loopguard_transcript::messages::read_responses_items(&positioned, Mode::Lenient)
             }
+            Wire::Gemini => return gemini::read(list, 0),
         };
         // Lenient reading passes over what it cannot read instead of failing.
         read.unwrap_or_default()
     }
 
-    /// The model a request names.
-    pub fn model(self, body: &mut Body<'_>) -> Option<String> {
-        body.text("model")
+    /// The events of the conversation from message `tail` on (see [`Wire::read`]); Gemini's
+    /// are read with the model answer before them, whose calls their responses answer.
+    pub fn read_tail(self, msgs: &mut Messages<'_>, tail: usize) -> Vec<Item> {
+        match self {
+            Wire::Gemini => gemini::read_tail(msgs, tail),
+            _ => self.read(&msgs.values(tail)),
+        }
     }
 
-    /// Whether the request asks for a stream.
+    /// The model a request's body names (Gemini's is in the path).
+    pub fn model(self, body: &mut Body<'_>) -> Option<String> {
+        match self {
+            Wire::Gemini => None,
+            _ => body.text("model"),
+        }
+    }
+
+    /// Whether the request's body asks for a stream (Gemini's method says so).
     pub fn wants_stream(self, body: &mut Body<'_>) -> bool {
-        body.get("stream").and_then(Value::as_bool) == Some(true)
+        self != Wire::Gemini && body.get("stream").and_then(Value::as_bool) == Some(true)
+    }
+
+    /// The key of a message's content: Gemini's `parts`, every other format's `content`.
+    fn content_key(self) -> &'static str {
+        match self {
+            Wire::Gemini => "parts",
+            _ => "content",
+        }
     }
 
     /// The client's own name for the conversation or its end user, when the request carries
@@ -133,6 +162,7 @@ impl Wire {
                     .map(|c| ("conv", c))
                     .or_else(|| text(body.get("user")).map(|u| ("user", u)))
             }
+            Wire::Gemini => None,
         }
     }
 
@@ -158,13 +188,19 @@ impl Wire {
         match self {
             Wire::Messages => add("system", body.get("system")),
             Wire::Responses => add("instructions", body.get("instructions")),
+            Wire::Gemini => {
+                let system = body.get("systemInstruction").cloned();
+                let system = system.or_else(|| body.get("system_instruction").cloned());
+                add("systemInstruction", system.as_ref());
+            }
             Wire::Chat => {}
         }
+        let key = self.content_key();
         if let Some(msgs) = body.messages.as_mut() {
             for i in 0..msgs.len() {
                 let Some(m) = msgs.get(i) else { break };
                 let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-                add(role, m.get("content"));
+                add(role, m.get(key));
                 if role != "system" && role != "developer" {
                     break;
                 }
@@ -189,6 +225,12 @@ impl Wire {
                 "assistant" => Seen::Assistant,
                 _ => Seen::Other,
             },
+            // Results are told apart in [`Wire::seen`], which reads the parts.
+            Wire::Gemini => match role {
+                "model" => Seen::Assistant,
+                "" | "user" => Seen::Person,
+                _ => Seen::Other,
+            },
             Wire::Responses => match p.kind.as_deref() {
                 None | Some("message") => match role {
                     "assistant" => Seen::Assistant,
@@ -204,6 +246,9 @@ impl Wire {
 
     /// How the proxy sees message `i`.
     pub fn seen(self, msgs: &mut Messages<'_>, i: usize) -> Seen {
+        if self == Wire::Gemini {
+            return gemini::seen(msgs, i);
+        }
         self.classify(msgs.peek(i))
     }
 
@@ -221,11 +266,27 @@ impl Wire {
                 .and_then(Value::as_str)
                 .into_iter()
                 .collect(),
+            // Their own ids only: the others follow from the calls before them (see
+            // [`gemini::with_ids`]).
+            Wire::Gemini => m
+                .get("parts")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|p| {
+                    p.get("functionResponse")
+                        .or_else(|| p.get("function_response"))
+                })
+                .filter_map(|r| r.get("id").and_then(Value::as_str))
+                .collect(),
         }
     }
 
     /// The tool name of the call `id`, from the assistant messages of a conversation.
     pub fn call_name(self, msgs: &mut Messages<'_>, id: &str) -> Option<String> {
+        if self == Wire::Gemini {
+            return gemini::call_name(msgs, id);
+        }
         let name = |v: &Value| v.get("name").and_then(Value::as_str).map(str::to_owned);
         for i in (0..msgs.len()).rev() {
             if self.seen(msgs, i) != Seen::Assistant || msgs.raw(i).is_some_and(|r| !r.contains(id))
@@ -254,6 +315,7 @@ impl Wire {
                 Wire::Responses => (m.get("call_id").and_then(Value::as_str) == Some(id))
                     .then(|| name(m))
                     .flatten(),
+                Wire::Gemini => None,
             };
             if found.is_some() {
                 return found;
@@ -268,6 +330,8 @@ impl Wire {
             Wire::Chat => append_to(m, "content", note, "text"),
             Wire::Messages => messages::append_to_result(m, id, note),
             Wire::Responses => append_to(m, "output", note, "input_text"),
+            // Placed by [`gemini::apply_nudges`].
+            Wire::Gemini => {}
         }
     }
 
@@ -277,13 +341,14 @@ impl Wire {
         match self {
             Wire::Chat | Wire::Responses => json!({"role": "system", "content": note}),
             Wire::Messages => json!({"role": "user", "content": [{"type": "text", "text": note}]}),
+            Wire::Gemini => gemini::note_content(note),
         }
     }
 
     /// The text part type of user content in this format.
     fn text_part(self) -> &'static str {
         match self {
-            Wire::Chat | Wire::Messages => "text",
+            Wire::Chat | Wire::Messages | Wire::Gemini => "text",
             Wire::Responses => "input_text",
         }
     }
@@ -298,8 +363,10 @@ impl Wire {
         if self == Wire::Responses && p.kind.as_deref().is_some_and(|t| t != "message") {
             return false;
         }
-        msgs.get(i)
-            .is_some_and(|m| text_of(m.get("content")).starts_with(MARK))
+        let key = self.content_key();
+        msgs.get(i).is_some_and(|m| {
+            text_of(m.get(key)).starts_with(MARK) && !(self == Wire::Gemini && gemini::has_calls(m))
+        })
     }
 
     /// Judges a whole response and rewrites it for the client: see each format's `rewrite`.
@@ -308,6 +375,7 @@ impl Wire {
             Wire::Chat => chat::rewrite(body, judge),
             Wire::Messages => messages::rewrite(body, judge),
             Wire::Responses => responses::rewrite(body, judge),
+            Wire::Gemini => gemini::rewrite(body, judge),
         }
     }
 
@@ -317,6 +385,7 @@ impl Wire {
             Wire::Chat => Box::new(chat::Stream::new(judge)),
             Wire::Messages => Box::new(messages::Stream::new(judge)),
             Wire::Responses => Box::new(responses::Stream::new(judge)),
+            Wire::Gemini => Box::new(gemini::Stream::new(judge)),
         }
     }
 
@@ -327,6 +396,7 @@ impl Wire {
             Wire::Chat => chat::reply(text, model, id, stream),
             Wire::Messages => messages::reply(text, model, id, stream),
             Wire::Responses => responses::reply(text, model, id, stream),
+            Wire::Gemini => gemini::reply(text, model, id, stream),
         };
         let content_type = if stream {
             "text/event-stream"
@@ -351,6 +421,7 @@ impl Wire {
             Wire::Chat => chat::retry(request, answer, call, guidance),
             Wire::Messages => messages::retry(request, answer, call, guidance),
             Wire::Responses => responses::retry(request, answer, call, guidance),
+            Wire::Gemini => gemini::retry(request, answer, call, guidance),
         }
     }
 }
@@ -630,14 +701,15 @@ pub fn strip_commands(wire: Wire, msgs: &mut Messages<'_>, honour: bool) -> Stri
             continue;
         }
         let mut scans = Vec::new();
+        let key = wire.content_key();
         let has = msgs
             .get(i)
-            .and_then(|m| m.get("content"))
+            .and_then(|m| m.get(key))
             .is_some_and(|c| text_of(Some(c)).contains("!/"));
         if !has {
             continue;
         }
-        let Some(content) = msgs.get_mut(i).and_then(|m| m.get_mut("content")) else {
+        let Some(content) = msgs.get_mut(i).and_then(|m| m.get_mut(key)) else {
             continue;
         };
         let left = strip_content(content, &mut scans);
@@ -686,6 +758,9 @@ pub fn apply_nudges(
     loose: &[String],
     placement: NudgePlacement,
 ) -> bool {
+    if wire == Wire::Gemini {
+        return gemini::apply_nudges(msgs, anchored, loose, placement);
+    }
     let mut changed = !loose.is_empty();
     // (position, notes) of every result message with anchored notes.
     let mut found: Vec<(usize, Vec<(String, String)>)> = Vec::new();
