@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
+from loopctl_proxy import Proxy
 
 # The frameworks are pinned test dependencies (tests/requirements.txt): a missing one fails here.
 from agents import Agent, Runner, function_tool, set_tracing_disabled
@@ -182,41 +180,6 @@ def chunks(model: str, text, calls, include_usage) -> list[dict]:
 # --- the real proxy ---------------------------------------------------------------------------
 
 
-class Proxy:
-    """`loopctl proxy` on a free loopback port in front of the upstream, with POLICY."""
-
-    def __init__(self, loopctl, upstream: Upstream, tmp_path):
-        policy = tmp_path / "policy.yaml"
-        policy.write_text(POLICY)
-        self.stderr = open(tmp_path / "proxy.log", "w+")
-        self.child = subprocess.Popen(
-            [str(loopctl), "proxy", "--listen", "127.0.0.1:0", "--upstream", upstream.base,
-             "--rules", str(policy)],
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")},
-        )
-        line = self.child.stdout.readline().strip()
-        prefix = "loopctl proxy listening on "
-        if not line.startswith(prefix):
-            self.close()
-            pytest.fail(f"the proxy did not start: {line!r}\n{self.log()}")
-        self.base = line[len(prefix):]
-
-    def log(self) -> str:
-        self.stderr.seek(0)
-        return self.stderr.read()
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def close(self):
-        self.child.kill()
-        self.child.wait()
-        self.child.stdout.close()
-        self.stderr.close()
-
-
 @pytest.fixture(scope="module")
 def upstream():
     up = Upstream()
@@ -234,7 +197,7 @@ def make_proxy(loopctl, upstream, tmp_path):
         upstream.requests.clear()
         d = tmp_path / str(len(started))
         d.mkdir()
-        started.append(Proxy(loopctl, upstream, d))
+        started.append(Proxy(loopctl, upstream.base, POLICY, d))
         return started[-1]
 
     yield make

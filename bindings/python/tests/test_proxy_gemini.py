@@ -15,13 +15,12 @@ run with the same `google.genai.errors.ClientError` (400, `FAILED_PRECONDITION`,
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from loopctl_proxy import Proxy
 
 # A pinned test dependency (tests/requirements.txt): missing fails here.
 from google import genai
@@ -165,35 +164,6 @@ def chunk(parts: list[dict], finish: bool = False) -> dict:
     return out
 
 
-class Proxy:
-    """`loopctl proxy` on a free loopback port in front of the upstream, with POLICY."""
-
-    def __init__(self, loopctl, upstream: Upstream, tmp_path):
-        policy = tmp_path / "policy.yaml"
-        policy.write_text(POLICY)
-        self.stderr = open(tmp_path / "proxy.log", "w+")
-        self.child = subprocess.Popen(
-            [str(loopctl), "proxy", "--listen", "127.0.0.1:0", "--upstream", upstream.base,
-             "--rules", str(policy)],
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")},
-        )
-        line = self.child.stdout.readline().strip()
-        prefix = "loopctl proxy listening on "
-        if not line.startswith(prefix):
-            self.close()
-            pytest.fail(f"the proxy did not start: {line!r}\n{self.log()}")
-        self.base = line[len(prefix):]
-
-    def log(self) -> str:
-        self.stderr.seek(0)
-        return self.stderr.read()
-
-    def close(self):
-        self.child.kill()
-        self.child.wait()
-        self.child.stdout.close()
-        self.stderr.close()
 
 
 @pytest.fixture
@@ -205,7 +175,7 @@ def upstream():
 
 @pytest.fixture
 def proxy(loopctl, upstream, tmp_path):
-    p = Proxy(loopctl, upstream, tmp_path)
+    p = Proxy(loopctl, upstream.base, POLICY, tmp_path)
     yield p
     p.close()
 
@@ -343,7 +313,7 @@ def test_a_looping_run_is_warned_refused_then_stopped_the_same_way_streamed_or_n
         up = Upstream()
         d = tmp_path / str(stream)
         d.mkdir()
-        p = Proxy(loopctl, up, d)
+        p = Proxy(loopctl, up.base, POLICY, d)
         try:
             seen = run(p, "loop", 8, stream)
             assert len(seen) == 5, seen
