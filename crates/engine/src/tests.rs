@@ -1498,6 +1498,33 @@ fn a_look_at_the_screen_after_each_action_is_no_repeat() {
     assert_eq!(flagged, Some(2), "the third build");
 }
 
+#[test]
+fn a_framework_refusing_a_repeated_call_is_no_new_outcome() {
+    // CrewAI answers a call made again with the same input by refusing to run it. The refusal
+    // is no change from the data the first call brought: each refused call is one more try.
+    const GUARD: &str = "I tried reusing the same input, I must stop using this action input. \
+                         I'll try something else instead.\n\n";
+    let first_flag = |mut h: H| {
+        (1..=6).find(|_| {
+            let (c, _) = h.run(
+                "scrape_reddit",
+                json!({"max_comments_per_post": 7}),
+                if h.n == 0 {
+                    "r/ai: 7 posts, 49 comments"
+                } else {
+                    GUARD
+                },
+                false,
+            );
+            !c.is_allow()
+        })
+    };
+    assert_eq!(first_flag(H::default()), Some(3));
+    // Read as a changed result, the refusal restarts the count.
+    let without = config("version: 1\nresults: { refused_patterns: [] }\n");
+    assert_eq!(first_flag(H::new(without)), Some(4));
+}
+
 /// Eight different git spellings of one question about an untouched working tree.
 const STATE_QUERIES: [&str; 8] = [
     "git status",

@@ -61,13 +61,18 @@ impl Session {
                 rec.flags |= flag::SKETCH;
             }
         }
+        // The host refused to run the call because it repeats (a framework's own repeat guard):
+        // nothing ran, so nothing changed, and the call is one more attempt.
+        if refused(&rules.config.results.refused_patterns, r.output) {
+            rec.flags |= flag::BLOCKED;
+        }
         let mut rec = *rec;
         // Did the world this call looks at change since its previous run?
         let full = self.full_window(now);
         let changed = (k + 1..full.len())
             .filter_map(|i| full.get(i))
             .find(|o| o.exact == rec.exact && o.real_result())
-            .is_some_and(|o| !rec.same_outcome_as(o));
+            .is_some_and(|o| !rec.has(flag::BLOCKED) && !rec.same_outcome_as(o));
         if changed && let Some(r) = self.ring.get_mut(idx) {
             r.flags |= flag::CHANGED;
             rec = *r;
@@ -190,6 +195,19 @@ impl Session {
         };
         unchanged
     }
+}
+
+/// Whether the start of a result says the host refused to run the call
+/// (`results.refused_patterns`).
+fn refused(patterns: &[regex::Regex], output: &str) -> bool {
+    if patterns.is_empty() {
+        return false;
+    }
+    let mut head = output.len().min(PENDING_BYTES);
+    while !output.is_char_boundary(head) {
+        head -= 1;
+    }
+    patterns.iter().any(|re| re.is_match(&output[..head]))
 }
 
 /// Bytes read from each end of a result for `results.pending_patterns`.
