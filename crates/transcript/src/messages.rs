@@ -135,6 +135,7 @@ const ASSISTANT_ITEMS: &[&str] = &[
     "function_call",
     "custom_tool_call",
     "local_shell_call",
+    "computer_call",
     "reasoning",
 ];
 
@@ -142,7 +143,6 @@ const ASSISTANT_ITEMS: &[&str] = &[
 const SKIPPED_OUTPUT_ITEMS: &[&str] = &[
     "web_search_call",
     "file_search_call",
-    "computer_call",
     "image_generation_call",
     "code_interpreter_call",
     "mcp_call",
@@ -229,6 +229,22 @@ fn responses_messages(
                     m["is_error"] = json!(true);
                 }
                 out.push((line, m));
+            }
+            // The screenshot a computer-use host took after an action: one image part.
+            Some("computer_call_output") => {
+                let id = obj
+                    .get("call_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let output = match obj.get("output") {
+                    Some(o @ Value::Object(_)) => json!([o]),
+                    Some(o) => o.clone(),
+                    None => Value::Null,
+                };
+                out.push((
+                    line,
+                    json!({"role": "tool", "tool_call_id": id, "content": output}),
+                ));
             }
             Some(t) if SKIPPED_INPUT_ITEMS.contains(&t) => {}
             Some(other) => {
@@ -347,6 +363,23 @@ impl AssistantRun {
                 Some(Value::String(s)) => self.content.push(json!({"type": "text", "text": s})),
                 _ => {}
             },
+            // A computer-use action (OpenAI's `computer_call`), run by the host: a call of the
+            // `computer` tool whose `action` names what it does, as Anthropic's computer tool
+            // has it (`{"action": "click", "x": 10, "y": 20}`).
+            "computer_call" => {
+                let mut action = match obj.get("action") {
+                    Some(Value::Object(a)) => a.clone(),
+                    _ => Map::new(),
+                };
+                if let Some(kind) = action.remove("type") {
+                    action.insert("action".into(), kind);
+                }
+                self.calls.push(json!({
+                    "id": obj.get("call_id").cloned().unwrap_or(Value::Null),
+                    "type": "function",
+                    "function": {"name": "computer", "arguments": Value::Object(action)},
+                }));
+            }
             "function_call" | "custom_tool_call" | "local_shell_call" => {
                 if let Some(call) = responses_call(obj) {
                     self.calls.push(json!({
@@ -1147,6 +1180,48 @@ mod tests {
             chat(json!({"type": "input_image", "file_id": "file-6F2ksmvXxt4VdHZa"})),
             chat(json!({"type": "input_image", "file_id": "file-8Hq3ZtLwPp1mNcVb"}))
         );
+    }
+
+    #[test]
+    fn computer_use_actions_are_calls_of_the_computer_tool() {
+        let shot = |tag: &str| {
+            json!({"type": "computer_screenshot",
+                   "image_url": format!("data:image/png;base64,{}", tag.repeat(100))})
+        };
+        let input = json!([
+            {"role": "user", "content": "open the settings"},
+            {"type": "computer_call", "id": "cu_1", "call_id": "c1", "status": "completed",
+             "action": {"type": "screenshot"}, "pending_safety_checks": []},
+            {"type": "computer_call_output", "call_id": "c1", "output": shot("AAAA")},
+            {"type": "computer_call", "id": "cu_2", "call_id": "c2", "status": "completed",
+             "action": {"type": "click", "button": "left", "x": 10, "y": 20}, "pending_safety_checks": []},
+            {"type": "computer_call_output", "call_id": "c2", "output": shot("BBBB")},
+        ]);
+        let items = read_responses_input(&input, Mode::Strict).unwrap();
+        assert_eq!(kinds(&items), ["user", "call", "result", "call", "result"]);
+        let Kind::Call {
+            tool, arguments, ..
+        } = &items[3].kind
+        else {
+            panic!("{:?}", items[3]);
+        };
+        assert_eq!(tool, "computer");
+        assert_eq!(
+            arguments,
+            &Args::Json(json!({"action": "click", "button": "left", "x": 10, "y": 20}))
+        );
+        let outputs: Vec<&str> = items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::Result { output, .. } => Some(output.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            outputs.iter().all(|o| o.starts_with("[image ")),
+            "{outputs:?}"
+        );
+        assert_ne!(outputs[0], outputs[1]);
     }
 
     #[test]
