@@ -61,20 +61,29 @@ impl Session {
                 rec.flags |= flag::SKETCH;
             }
         }
-        // The host refused to run the call because it repeats (a framework's own repeat guard):
-        // nothing ran, so nothing changed, and the call is one more attempt.
-        if refused(&rules.config.results.refused_patterns, r.output) {
-            rec.flags |= flag::BLOCKED;
-        }
         let mut rec = *rec;
-        // Did the world this call looks at change since its previous run?
         let full = self.full_window(now);
-        let changed = (k + 1..full.len())
+        let previous = (k + 1..full.len())
             .filter_map(|i| full.get(i))
             .find(|o| o.exact == rec.exact && o.real_result())
-            .is_some_and(|o| !rec.has(flag::BLOCKED) && !rec.same_outcome_as(o));
-        if changed && let Some(r) = self.ring.get_mut(idx) {
-            r.flags |= flag::CHANGED;
+            .copied();
+        // The host refused to run a call made again (a framework's own repeat guard): nothing
+        // ran, so nothing changed, and the call is one more attempt. Otherwise: did the world
+        // this call looks at change since its previous run?
+        let refused =
+            previous.is_some() && refused(&rules.config.results.refused_patterns, r.output);
+        let changed = !refused && previous.is_some_and(|o| !rec.same_outcome_as(&o));
+        let mark = if refused {
+            flag::BLOCKED
+        } else if changed {
+            flag::CHANGED
+        } else {
+            0
+        };
+        if mark != 0
+            && let Some(r) = self.ring.get_mut(idx)
+        {
+            r.flags |= mark;
             rec = *r;
         }
         let tool = rules.tool_by_id(rec.tool);
@@ -197,8 +206,8 @@ impl Session {
     }
 }
 
-/// Whether the start of a result says the host refused to run the call
-/// (`results.refused_patterns`).
+/// Whether the start of a result says the host refused to run the call because it was made
+/// again (`results.refused_patterns`).
 fn refused(patterns: &[regex::Regex], output: &str) -> bool {
     if patterns.is_empty() {
         return false;
