@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
-from loopctl_proxy import Proxy
+from loopctl_proxy import Proxy, ScriptedServer
 
 # The frameworks are pinned test dependencies (tests/requirements.txt): a missing one fails here.
 from agents import Agent, Runner, function_tool, set_tracing_disabled
@@ -57,7 +55,7 @@ detectors:
 # --- the scripted upstream ------------------------------------------------------------------
 
 
-class Upstream:
+class Upstream(ScriptedServer):
     """A chat-completions server on 127.0.0.1, in a thread. Its models:
 
     - `loop`: the same `bash` call (`cargo build`) every turn, no text;
@@ -66,58 +64,37 @@ class Upstream:
       the final text DONE.
     """
 
+    pause = PAUSE
+
     def __init__(self):
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        upstream = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                if self.path.rstrip("/") != "/v1/chat/completions":
-                    self.send_error(404)
-                    return
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                with upstream.lock:
-                    upstream.requests.append(body)
-                    n = len(upstream.requests)
-                text, calls = upstream.turn(body, n)
-                if body.get("stream"):
-                    include_usage = (body.get("stream_options") or {}).get("include_usage")
-                    events = [f"data: {json.dumps(c)}\n\n"
-                              for c in chunks(body["model"], text, calls, include_usage)]
-                    events.append("data: [DONE]\n\n")
-                    # The text first, then a pause: the proxy passes text on as it comes, so
-                    # that a stop decided on the call after it is the stream's last event.
-                    cut = 3 if text else 0
-                    self.reply(["".join(events[:cut]), "".join(events[cut:])], "text/event-stream")
-                else:
-                    self.reply([json.dumps(completion(body["model"], text, calls))], "application/json")
-
-            def reply(self, parts: list[str], content_type: str):
-                data = [p.encode() for p in parts]
-                self.send_response(200)
-                self.send_header("content-type", content_type)
-                self.send_header("content-length", str(sum(len(d) for d in data)))
-                self.end_headers()
-                for i, d in enumerate(data):
-                    if i:
-                        time.sleep(PAUSE)
-                    self.wfile.write(d)
-                    self.wfile.flush()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def post(self, request):
+        if request.path.rstrip("/") != "/v1/chat/completions":
+            request.send_error(404)
+            return
+        body = json.loads(request.rfile.read(int(request.headers["content-length"])))
+        with self.lock:
+            self.requests.append(body)
+            n = len(self.requests)
+        text, calls = self.turn(body, n)
+        if body.get("stream"):
+            include_usage = (body.get("stream_options") or {}).get("include_usage")
+            events = [f"data: {json.dumps(c)}\n\n"
+                      for c in chunks(body["model"], text, calls, include_usage)]
+            events.append("data: [DONE]\n\n")
+            # The text first, then a pause: the proxy passes text on as it comes, so
+            # that a stop decided on the call after it is the stream's last event.
+            cut = 3 if text else 0
+            self.reply(request, ["".join(events[:cut]), "".join(events[cut:])], "text/event-stream")
+        else:
+            self.reply(request, [json.dumps(completion(body["model"], text, calls))], "application/json")
 
     @property
     def base(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return self.address + "/v1"
 
     def turn(self, body: dict, n: int):
         """The scripted answer to request `n`: (text, [(call id, tool, arguments)])."""
@@ -133,10 +110,6 @@ class Upstream:
             return None, [(f"call_{n}", "read_file", {"path": f"src/módulo_{done}.rs"})]
         raise AssertionError(f"no script for model {model}")
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
 
 
 def completion(model: str, text, calls) -> dict:

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from loopctl_proxy import Proxy
+from loopctl_proxy import Proxy, ScriptedServer
 
 # A pinned test dependency (tests/requirements.txt): missing fails here.
 from google import genai
@@ -69,74 +67,52 @@ TOOLS = [types.Tool(function_declarations=[
 ])]
 
 
-class Upstream:
+class Upstream(ScriptedServer):
     """A Gemini API on 127.0.0.1 (`POST /v1/models/{model}:{method}`, and `/v1beta/…`), in a
-    thread. Its
-    models: `loop` ("Building." and the same `bash` call every answer) and `explore` (a
+    thread. Its models: `loop` ("Building." and the same `bash` call every answer) and `explore` (a
     `read_file` of a new path while fewer than FILES results came back, then DONE)."""
+
+    pause = PAUSE
 
     def __init__(self):
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        upstream = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                path, _, query = self.path.partition("?")
-                version, _, rest = path[1:].partition("/models/")
-                if version not in ("v1", "v1beta") or ":" not in rest:
-                    self.send_error(404)
-                    return
-                model, method = rest.split(":", 1)
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                with upstream.lock:
-                    upstream.requests.append({"path": self.path, "body": body,
-                                              "key": self.headers.get("x-goog-api-key")})
-                text, calls = upstream.answer(model, body)
-                parts = ([{"text": text}] if text else []) + [
-                    {"functionCall": {"name": n, "args": a}} for n, a in calls]
-                if method == "streamGenerateContent" and "alt=sse" in query:
-                    # Every event holds a part, the last one the finish reason (as the API
-                    # streams; google-genai's chats drop an answer with an empty event).
-                    pieces = []
-                    if text:
-                        half = len(text) // 2
-                        pieces += [{"text": text[:half]}, {"text": text[half:]}]
-                    pieces += [c for c in parts if "functionCall" in c]
-                    events = [chunk([p], finish=i == len(pieces) - 1) for i, p in enumerate(pieces)]
-                    data = [f"data: {json.dumps(e)}\r\n\r\n" for e in events]
-                    # The text first, then a pause: the proxy passes text on as it comes, so
-                    # that a stop decided on the call after it is the stream's last event.
-                    cut = 2 if text else 0
-                    self.reply(["".join(data[:cut]), "".join(data[cut:])], "text/event-stream")
-                else:
-                    self.reply([json.dumps(chunk(parts, finish=True))], "application/json")
-
-            def reply(self, pieces: list[str], content_type: str):
-                data = [p.encode() for p in pieces]
-                self.send_response(200)
-                self.send_header("content-type", content_type)
-                self.send_header("content-length", str(sum(len(d) for d in data)))
-                self.end_headers()
-                for i, d in enumerate(data):
-                    if i:
-                        time.sleep(PAUSE)
-                    self.wfile.write(d)
-                    self.wfile.flush()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def post(self, request):
+        path, _, query = request.path.partition("?")
+        version, _, rest = path[1:].partition("/models/")
+        if version not in ("v1", "v1beta") or ":" not in rest:
+            request.send_error(404)
+            return
+        model, method = rest.split(":", 1)
+        body = json.loads(request.rfile.read(int(request.headers["content-length"])))
+        with self.lock:
+            self.requests.append({"path": request.path, "body": body,
+                                  "key": request.headers.get("x-goog-api-key")})
+        text, calls = self.answer(model, body)
+        parts = ([{"text": text}] if text else []) + [
+            {"functionCall": {"name": n, "args": a}} for n, a in calls]
+        if method == "streamGenerateContent" and "alt=sse" in query:
+            # Every event holds a part, the last one the finish reason (as the API
+            # streams; google-genai's chats drop an answer with an empty event).
+            pieces = []
+            if text:
+                half = len(text) // 2
+                pieces += [{"text": text[:half]}, {"text": text[half:]}]
+            pieces += [c for c in parts if "functionCall" in c]
+            events = [chunk([p], finish=i == len(pieces) - 1) for i, p in enumerate(pieces)]
+            data = [f"data: {json.dumps(e)}\r\n\r\n" for e in events]
+            # The text first, then a pause: the proxy passes text on as it comes, so
+            # that a stop decided on the call after it is the stream's last event.
+            cut = 2 if text else 0
+            self.reply(request, ["".join(data[:cut]), "".join(data[cut:])], "text/event-stream")
+        else:
+            self.reply(request, [json.dumps(chunk(parts, finish=True))], "application/json")
 
     @property
     def base(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self.address
 
     def answer(self, model: str, body: dict):
         if model == "loop":
@@ -149,10 +125,6 @@ class Upstream:
             return None, [("read_file", {"path": f"src/módulo_{done}.rs"})]
         raise AssertionError(f"no script for model {model}")
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
 
 
 def chunk(parts: list[dict], finish: bool = False) -> dict:
