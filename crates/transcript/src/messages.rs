@@ -510,7 +510,29 @@ impl Reader {
         let time = f.seconds("time")?;
         let pending = self.text_call.take();
         match role.as_str() {
-            "system" | "developer" => {}
+            "system" | "developer" => {
+                // AutoGPT answers a command in the system role: `Command X returned: …`.
+                if let Some(TextPending::Made { id }) = &pending
+                    && let Some(text) = obj.get("content").and_then(Value::as_str)
+                    && text.starts_with("Command ")
+                    && text.lines().next().is_some_and(|l| l.contains(" returned"))
+                {
+                    let id = id.clone();
+                    self.push(
+                        line,
+                        time,
+                        Kind::Result {
+                            id,
+                            output: text.to_owned(),
+                            error: false,
+                            exit_code: None,
+                        },
+                    );
+                } else {
+                    // Anything else in the system role stands between a call and its answer.
+                    self.text_call = pending;
+                }
+            }
             "assistant" => self.assistant(line, time, obj)?,
             // smolagents' memory: a step's calls as `Calling tools: [<repr of dicts>]`, after
             // the assistant's own message (which already made a code action's call).
@@ -593,12 +615,13 @@ impl Reader {
                     && let Some(pending) = pending
                     && let Some(id) = self.answer_text_call(pending, &text)
                 {
+                    let output = text_calls::observation_body(&text).to_owned();
                     self.push(
                         line,
                         time,
                         Kind::Result {
                             id,
-                            output: text,
+                            output,
                             error: false,
                             exit_code: None,
                         },
@@ -1345,6 +1368,47 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    /// Agents that write their action as a JSON object get their observation back as the next
+    /// message: Terminus as a user message labelled `New Terminal Output:`, AutoGPT in the
+    /// system role (`Command … returned: …`) before its fixed prompt.
+    #[test]
+    fn json_actions_are_answered_by_the_next_observation() {
+        let msgs = vec![
+            json!({"role": "user", "content": "Fix the build."}),
+            json!({"role": "assistant", "content": "{\"analysis\": \"a\", \"plan\": \"p\", \"commands\": [{\"keystrokes\": \"make\\n\", \"duration\": 5}], \"task_complete\": false}"}),
+            json!({"role": "user", "content": "New Terminal Output:\n\nmake: *** [all] Error 1\n"}),
+            json!({"role": "assistant", "content": "{\"analysis\": \"a\", \"plan\": \"wait\", \"commands\": [{\"keystrokes\": \"\", \"duration\": 30}]}"}),
+            json!({"role": "user", "content": "New Terminal Output:\n\n"}),
+        ];
+        let items = read_messages(&msgs, Mode::Strict).unwrap();
+        assert_eq!(kinds(&items), ["user", "call", "result", "call", "result"]);
+        let outputs: Vec<&str> = items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::Result { output, .. } => Some(output.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(outputs, ["make: *** [all] Error 1\n", ""]);
+
+        let msgs = vec![
+            json!({"role": "system", "content": "You are NewsBot."}),
+            json!({"role": "assistant", "content": "{\"thoughts\": {\"text\": \"search\"}, \"command\": {\"name\": \"google\", \"args\": {\"query\": \"ai news\"}}}"}),
+            json!({"role": "system", "content": "Command google returned: [\"https://example.com/a\"]"}),
+            json!({"role": "user", "content": "Determine exactly one command to use, and respond using the JSON schema specified previously:"}),
+        ];
+        let items = read_messages(&msgs, Mode::Strict).unwrap();
+        assert_eq!(kinds(&items), ["call", "result", "user"]);
+        // A system message that is no answer leaves the call waiting for its observation.
+        let msgs = vec![
+            json!({"role": "assistant", "content": "{\"command\": {\"name\": \"google\", \"args\": {}}}"}),
+            json!({"role": "system", "content": "Reminder: be brief."}),
+            json!({"role": "user", "content": "Observation: nothing found"}),
+        ];
+        let items = read_messages(&msgs, Mode::Strict).unwrap();
+        assert_eq!(kinds(&items), ["call", "result"]);
     }
 
     #[test]

@@ -15,6 +15,14 @@
 //! - **Code actions** (smolagents' CodeAgent): a fenced block followed by `<end_code>`, a
 //!   `Code:` line followed by a fenced block, or `<code>…</code>` ending the message: a call of
 //!   `python` with the code.
+//! - **JSON actions**: a message that is one JSON object (bare or as its one fenced block)
+//!   naming an action. Terminus (Terminal-Bench's agent) sends keystrokes to a terminal,
+//!   `{"analysis", "plan", "commands": [{"keystrokes", "duration"}], "task_complete"}`, prose
+//!   around the object allowed as its parser allows it: a call of `terminal` with the
+//!   keystrokes as command lines, or of `wait` when it types nothing (it waits, then reads the screen), and no call
+//!   when it only declares the task complete. AutoGPT's `{"thoughts", "command": {"name",
+//!   "args"}}`, LangChain's JSON agents' `{"action", "action_input"}`, and a tool call written
+//!   out as text instead of made (`{"name", "arguments"}`, `{"name", "parameters"}`).
 //! - **Shell actions** (SWE-agent, mini-swe-agent and other thought-action agents): the
 //!   message ends with a fenced shell block (`bash`, `sh`, `shell`, `console`, or
 //!   mini-swe-agent's `mswea_bash_command`), or with a Python block for a code executor
@@ -54,7 +62,8 @@ pub(crate) fn text_call(text: &str) -> Option<TextCall> {
     if text.is_empty() {
         return None;
     }
-    let mut call = function_call(text)
+    let mut call = json_call(text)
+        .or_else(|| function_call(text))
         .or_else(|| xml_call(text))
         .or_else(|| react_call(text))
         .or_else(|| code_call(text))
@@ -85,6 +94,138 @@ pub(crate) fn is_observation(text: &str) -> bool {
         || t.starts_with("EXECUTION RESULT of [")
         || t.ends_with("bash-$")
         || t.contains("(Current directory:")
+}
+
+// --- JSON actions ------------------------------------------------------------------------
+
+/// Longest text read as a JSON action.
+const MAX_JSON_ACTION: usize = 256 << 10;
+
+/// A message that is a JSON object naming an action.
+fn json_call(text: &str) -> Option<TextCall> {
+    if text.len() > MAX_JSON_ACTION || !text.contains('{') {
+        return None;
+    }
+    let whole = text
+        .strip_prefix("```")
+        .and_then(|t| t.strip_suffix("```"))
+        .and_then(|t| {
+            let (lang, body) = t.split_once('\n')?;
+            let lang = lang.trim();
+            (matches!(lang, "" | "json") && !body.contains("```")).then_some(body.trim())
+        })
+        .unwrap_or(text);
+    // The object's strings (a heredoc's lines, a plan) are no prose the text detectors read:
+    // what comes before the object is.
+    if whole.starts_with('{') && whole.ends_with('}') {
+        let v: Value = serde_json::from_str(whole).ok()?;
+        let mut call = terminus_call(&v).or_else(|| named_call(&v))?;
+        call.prose = 0;
+        return Some(call);
+    }
+    // Terminus reads the object out of the text around it (and warns about the text).
+    let (open, close) = (text.find('{')?, text.rfind('}')?);
+    let v: Value = serde_json::from_str(text.get(open..=close)?).ok()?;
+    let mut call = terminus_call(&v)?;
+    call.prose = open;
+    Some(call)
+}
+
+/// Terminus' batch of keystrokes (`commands`, each with `keystrokes`).
+fn terminus_call(v: &Value) -> Option<TextCall> {
+    let commands = v.get("commands")?.as_array()?;
+    // The keystrokes as the command lines they type: a key sent alone (`C-c`) is a line of
+    // its own, so that a shell command's words are read as the shell tools' are.
+    let mut typed = String::new();
+    for c in commands {
+        let keys = c.get("keystrokes")?.as_str()?;
+        if keys.is_empty() {
+            continue;
+        }
+        if !typed.is_empty() && !typed.ends_with('\n') {
+            typed.push('\n');
+        }
+        typed.push_str(keys);
+    }
+    let complete = ["task_complete", "is_task_complete"]
+        .iter()
+        .any(|k| v.get(*k).and_then(Value::as_bool) == Some(true));
+    let typed = typed.trim_end_matches('\n');
+    let (tool, arguments) = match (!typed.is_empty(), complete) {
+        (true, _) => ("terminal", json!({ "command": typed })),
+        // Only the task declared done: an answer, no call.
+        (false, true) => return None,
+        // Nothing typed: a wait, then a look at the screen.
+        (false, false) => ("wait", json!({})),
+    };
+    Some(TextCall {
+        tool: tool.to_owned(),
+        arguments,
+        sure: true,
+        prose: usize::MAX,
+    })
+}
+
+/// An object naming a tool and its input: AutoGPT's `command`, a JSON agent's `action`, or a
+/// tool call written out (`name` with `arguments` or `parameters`, and nothing else).
+fn named_call(v: &Value) -> Option<TextCall> {
+    let obj = v.as_object()?;
+    let (tool, input) = if let Some(c) = obj.get("command").filter(|c| c.is_object()) {
+        (c.get("name")?.as_str()?, c.get("args").cloned())
+    } else if let (Some(a), Some(input)) = (obj.get("action"), obj.get("action_input")) {
+        let tool = a.as_str()?;
+        if is_final(tool) {
+            return None;
+        }
+        (tool, Some(input.clone()))
+    } else {
+        let extra = obj.keys().any(|k| {
+            !matches!(
+                k.as_str(),
+                "name" | "arguments" | "parameters" | "id" | "type"
+            )
+        });
+        let input = obj.get("arguments").or_else(|| obj.get("parameters"))?;
+        // `parameters` with `properties` is a tool's schema, not a call of it.
+        if extra || input.get("properties").is_some() {
+            return None;
+        }
+        (obj.get("name")?.as_str()?, Some(input.clone()))
+    };
+    let valid = !tool.is_empty()
+        && tool.len() <= MAX_NAME
+        && tool
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if !valid {
+        return None;
+    }
+    let arguments = match input {
+        Some(Value::String(s)) => serde_json::from_str::<Value>(&s)
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or(Value::String(s)),
+        Some(other) => other,
+        None => Value::Null,
+    };
+    Some(TextCall {
+        tool: tool.to_owned(),
+        arguments: input_arguments(arguments),
+        sure: true,
+        prose: usize::MAX,
+    })
+}
+
+/// What an observation says once the label some frameworks put on every one is taken off
+/// (Terminus' `New Terminal Output:`): with nothing after it, nothing new was seen.
+pub(crate) fn observation_body(text: &str) -> &str {
+    let t = text.trim_start();
+    ["New Terminal Output:", "Current Terminal Screen:"]
+        .iter()
+        .find_map(|label| t.strip_prefix(label))
+        .map_or(text, |rest| {
+            rest.trim_start_matches([' ', '\t', '\r', '\n'])
+        })
 }
 
 // --- function tags -------------------------------------------------------------------------
@@ -628,6 +769,90 @@ mod tests {
         assert!(is_observation(
             "EXECUTION RESULT of [execute_bash]:\nfile.txt"
         ));
+    }
+
+    #[test]
+    fn json_actions_are_calls() {
+        // Terminus: keystrokes are a terminal call; none typed is a wait; done alone is no call.
+        let terminus = |commands: &str, done: bool| {
+            format!(
+                "{{\n  \"analysis\": \"The build failed.\",\n  \"plan\": \"Look at the log.\",\n  \"commands\": {commands},\n  \"task_complete\": {done}\n}}"
+            )
+        };
+        assert_eq!(
+            call(&terminus(
+                r#"[{"keystrokes": "C-c", "duration": 0.5}, {"keystrokes": "tail -n 20 build.log\n", "duration": 1}]"#,
+                false
+            )),
+            Some((
+                "terminal".into(),
+                json!({"command": "C-c\ntail -n 20 build.log"}),
+                true
+            ))
+        );
+        assert_eq!(
+            call(&terminus(r#"[{"keystrokes": "", "duration": 30}]"#, false)),
+            Some(("wait".into(), json!({}), true))
+        );
+        assert_eq!(
+            call(&terminus("[]", false)),
+            Some(("wait".into(), json!({}), true))
+        );
+        assert_eq!(call(&terminus("[]", true)), None, "only done");
+        // Text before the object, as Terminus' parser allows (with a warning).
+        let with_prose = format!(
+            "Let me check.\n{}",
+            terminus(r#"[{"keystrokes": "ls\n", "duration": 0.1}]"#, false)
+        );
+        let c = text_call(&with_prose).unwrap();
+        assert_eq!(
+            (c.tool.as_str(), c.prose),
+            ("terminal", "Let me check.\n".len())
+        );
+        // AutoGPT, a JSON agent's action, a call written out as text.
+        assert_eq!(
+            call(
+                r#"{"thoughts": {"text": "search", "plan": "- find"}, "command": {"name": "google", "args": {"query": "rust 2024"}}}"#
+            ),
+            Some(("google".into(), json!({"query": "rust 2024"}), true))
+        );
+        assert_eq!(
+            call("```json\n{\"action\": \"search\", \"action_input\": \"borrow checker\"}\n```"),
+            Some(("search".into(), json!({"input": "borrow checker"}), true))
+        );
+        assert_eq!(
+            call(r#"{"action": "Final Answer", "action_input": "42"}"#),
+            None
+        );
+        assert_eq!(
+            call(r#"{"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}"#),
+            Some(("get_weather".into(), json!({"city": "Oslo"}), true))
+        );
+        assert_eq!(
+            call(r#"{"name": "get_weather", "parameters": {"city": "Oslo"}}"#),
+            Some(("get_weather".into(), json!({"city": "Oslo"}), true))
+        );
+        // Answers that are JSON, and schemas, are no calls.
+        for answer in [
+            r#"{"name": "Ada", "age": 36}"#,
+            r#"{"action": "approve", "reason": "fine"}"#,
+            r#"{"name": "get_weather", "parameters": {"type": "object", "properties": {}}}"#,
+            r#"{"name": "x", "arguments": {}, "note": "y"}"#,
+            "The result is {\"commands\": [{\"keystrokes\": 3}]}",
+        ] {
+            assert_eq!(call(answer), None, "{answer}");
+        }
+    }
+
+    #[test]
+    fn terminal_output_labels_are_taken_off_observations() {
+        assert_eq!(
+            observation_body("New Terminal Output:\n\n$ ls\na b\n"),
+            "$ ls\na b\n"
+        );
+        assert_eq!(observation_body("New Terminal Output:\n\n"), "");
+        assert_eq!(observation_body("Current Terminal Screen:\n$ "), "$ ");
+        assert_eq!(observation_body("Observation: x"), "Observation: x");
     }
 
     #[test]
