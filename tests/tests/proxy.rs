@@ -409,6 +409,87 @@ async fn a_refused_call_leaves_every_tool_call_id_paired() {
     assert_eq!(s.calls[&1].0, format!("call_{}", requests.len() + 1));
 }
 
+/// An agent without native tool calling writes its action in its text (ReAct) and sends the
+/// observation back as a user message. The proxy reads that message as the action's result,
+/// not as a person's words, and judges the action then: the call already ran, so a warning
+/// goes with its observation, a refusal takes the observation's place (in that request and
+/// every later one), and a stop ends the run. An agent making progress the same way is never
+/// touched. Plain and streamed responses alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_written_in_text_are_judged_with_their_observations() {
+    for stream in [false, true] {
+        let up = Upstream::start().await;
+        let (p, _dir) = start(&up, 3, &[]);
+        let session = format!("react-{stream}");
+        let mut messages = vec![user("build the project")];
+        let mut statuses = Vec::new();
+        for _ in 0..6 {
+            let (status, text) = if stream {
+                let s = chat_stream(&p, &session, "react", &messages).await;
+                (s.status, s.text)
+            } else {
+                let (status, body) = chat(&p, &session, "react", &messages).await;
+                let text = body["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                (status.as_u16(), text)
+            };
+            statuses.push(status);
+            if status != 200 {
+                break;
+            }
+            // The client saw the action as the model wrote it.
+            assert!(text.ends_with("Action Input: cargo build"), "{text}");
+            messages.push(json!({"role": "assistant", "content": text}));
+            messages.push(user("Observation: error: could not compile `app`"));
+        }
+        // Calls 1–5 ran; the 5th is stopped when its observation comes back.
+        assert_eq!(statuses, [200, 200, 200, 200, 200, 400], "stream: {stream}");
+        let requests = up.requests();
+        assert_eq!(requests.len(), 5);
+        let last_user = |r: &Value, back: usize| {
+            let m = r["messages"].as_array().unwrap();
+            m.iter()
+                .filter(|m| m["role"] == "user")
+                .rev()
+                .nth(back)
+                .unwrap()["content"]
+                .clone()
+        };
+        // Calls 1 and 2: observations as sent.
+        assert_eq!(
+            last_user(&requests[2], 0),
+            "Observation: error: could not compile `app`"
+        );
+        // Call 3 was warned: its observation carries the nudge, now and later.
+        let warned = "Observation: error: could not compile `app`\n\n[loopguard] Loop detected: \
+                      bash called 3 times with the same arguments. Change your approach.";
+        assert_eq!(last_user(&requests[3], 0), warned);
+        assert_eq!(last_user(&requests[4], 1), warned);
+        // Call 4 was refused: its output is kept from the model.
+        assert_eq!(
+            last_user(&requests[4], 0),
+            "[loopguard] Refused: bash called 4 times with the same arguments. The call was not run."
+        );
+
+        // Progress in the same form is left alone: every request is forwarded as sent.
+        let mut messages = vec![user("read the sources")];
+        for i in 0..6 {
+            let (status, body) = chat(&p, &format!("walk-{stream}"), "reactwalk", &messages).await;
+            assert_eq!(status, 200);
+            assert!(body.get("loopguard").is_none(), "{body}");
+            let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+            messages.push(json!({"role": "assistant", "content": text}));
+            messages.push(user(&format!("Observation: fn f{i}() {{}}")));
+        }
+        let forwarded = up.requests();
+        let last = forwarded.last().unwrap();
+        assert_eq!(last["messages"].as_array().unwrap().len(), 11);
+        assert!(!last.to_string().contains("[loopguard]"), "{last}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chat_commands_set_unset_and_refuse_bad_values() {
     let up = Upstream::start().await;

@@ -31,6 +31,7 @@ use loopguard_engine::{
     Verdict as CoreVerdict,
 };
 use loopguard_rules::{Policy as CorePolicy, Settings, SourceMap};
+use loopguard_transcript::Kind;
 use loopguard_transcript::replay::{self, Worker};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -210,6 +211,21 @@ impl Verdict {
 
 /// Converts a JSON-like Python value (dict, list, tuple, str, int, float, bool, None) into a
 /// JSON value.
+/// Whether a message makes structured tool calls (chat `tool_calls` or `function_call`,
+/// Anthropic `tool_use` blocks), as opposed to calls written in its text.
+fn calls_in(m: &Value) -> bool {
+    let listed = |k: &str| match m.get(k) {
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Null) | None => false,
+        Some(_) => true,
+    };
+    let blocks = m.get("content").and_then(Value::as_array).is_some_and(|c| {
+        c.iter()
+            .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+    });
+    listed("tool_calls") || listed("function_call") || blocks
+}
+
 fn to_json(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Value> {
     if depth > MAX_DEPTH {
         return Err(PyValueError::new_err("arguments are nested too deeply"));
@@ -617,15 +633,51 @@ impl Engine {
         } else {
             start
         };
-        let new = messages.get_slice(start, total);
-        let text = serde_json::to_string(&to_json(new.as_any(), 0)?)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // An assistant message read before that made no structured call may have written one
+        // in its text: it is read again, unobserved, so that the new messages' observation
+        // answers that call instead of reading as a person's words.
+        let before = start
+            .checked_sub(1)
+            .map(|i| to_json(&messages.get_item(i)?, 0))
+            .transpose()?
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant") && !calls_in(m));
+        let base = if before.is_some() { start - 1 } else { start };
+        let Value::Array(list) = to_json(messages.get_slice(base, total).as_any(), 0)? else {
+            return Err(PyValueError::new_err("messages must be a list"));
+        };
+        // One message a line: an event's line is its message's place.
+        let lines: Vec<String> = list.iter().map(Value::to_string).collect();
+        let text = format!("[{}]", lines.join(",\n"));
         let parsed = loopguard_transcript::parse(&text)
             .map_err(|e| PyValueError::new_err(format!("message {}: {}", e.line, e.message)))?;
         let time = time_ms.unwrap_or_else(now_ms);
         let mut out = Vec::new();
+        // A call written in text is named by its message's place in the conversation, the
+        // same whichever call reads it (the reader numbers such calls from each read's start).
+        let mut renamed: HashMap<String, String> = HashMap::new();
         for item in &parsed.items {
-            let event = replay::engine_event(&item.kind, session, time);
+            let at = item.line.saturating_sub(1);
+            let mut kind = std::borrow::Cow::Borrowed(&item.kind);
+            if let Kind::Call { id, .. } = &item.kind
+                && list.get(at).is_some_and(|m| !calls_in(m))
+            {
+                let name = format!("text-{}", base + at);
+                renamed.insert(id.clone(), name.clone());
+                if let Kind::Call { id, .. } = kind.to_mut() {
+                    *id = name;
+                }
+            } else if let Kind::Result { id, .. } = &item.kind
+                && let Some(name) = renamed.get(id)
+            {
+                let name = name.clone();
+                if let Kind::Result { id, .. } = kind.to_mut() {
+                    *id = name;
+                }
+            }
+            if before.is_some() && at == 0 {
+                continue;
+            }
+            let event = replay::engine_event(&kind, session, time);
             let v = py.detach(|| self.engine.observe(&event));
             if !v.is_allow() {
                 out.push(verdict(py, v)?);

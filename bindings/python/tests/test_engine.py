@@ -208,6 +208,28 @@ def test_observe_messages_reads_only_what_is_new():
     assert engine.observe_messages("s", messages) == []
 
 
+def test_observe_messages_pairs_a_call_written_in_text_with_a_later_observation():
+    # A ReAct agent's host observes after each model answer and again after each observation:
+    # the observation, read apart from the answer, is still that action's result, not a
+    # person's new words (which would set the counts back).
+    def run(split):
+        engine = loopguard.Engine()
+        messages = [{"role": "user", "content": "find the config"}]
+        found = []
+        for _ in range(6):
+            messages.append({"role": "assistant", "content":
+                             "Thought: look for it\nAction: search\nAction Input: config loader"})
+            if split:
+                found.extend(engine.observe_messages("s", messages))
+            messages.append({"role": "user", "content": "Observation: no results"})
+            found.extend(engine.observe_messages("s", messages))
+        return [(v.detector, v.action) for v in found]
+
+    whole = run(split=False)
+    assert whole and whole[0][1] == Action.WARN
+    assert run(split=True) == whole
+
+
 def test_threads_share_one_engine():
     engine = loopguard.Engine()
     results = {}

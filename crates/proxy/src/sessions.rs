@@ -58,6 +58,9 @@ pub struct Book {
     pub withheld: VecDeque<(String, String, String)>,
     /// Assistant turns judged, for requests that carry only part of the conversation.
     pub turns: u64,
+    /// (assistant turn, note, whether it replaces): notes for the observation answering the
+    /// call that turn wrote in its text, in every later request.
+    pub text_notes: VecDeque<(u64, String, bool)>,
     /// The version of the shared state this book and the engine's session reflect.
     #[serde(skip)]
     pub version: Option<String>,
@@ -102,6 +105,16 @@ impl Book {
         });
         self.loose.retain(short);
         self.loose.truncate(MAX_NUDGES);
+        keep(&mut self.text_notes, MAX_NUDGES, |(_, n, _)| short(n));
+    }
+
+    /// A note for the observation answering the call that assistant turn `turn` wrote in its
+    /// text, in this request and every later one: added to it, or (`replaces`) instead of it.
+    pub fn text_note(&mut self, turn: u64, text: String, replaces: bool) {
+        if self.text_notes.len() >= MAX_NUDGES {
+            self.text_notes.pop_front();
+        }
+        self.text_notes.push_back((turn, text, replaces));
     }
 
     /// Whether the result `id` is seen for the first time (and remembers it).

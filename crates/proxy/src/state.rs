@@ -661,6 +661,8 @@ impl State {
                 }
             }
         }
+        let text_notes: Vec<(u64, String, bool)> = book.text_notes.iter().cloned().collect();
+        wire::apply_text_notes(wire, msgs, &text_notes);
         let anchored: Vec<(String, String)> = book.nudges.iter().cloned().collect();
         let loose = std::mem::take(&mut book.loose);
         if !loose.is_empty() {
@@ -698,13 +700,81 @@ impl State {
         // The tail's events, read as `loopctl simulate` reads them (the tail alone: what came
         // before it was judged by earlier requests). They all belong to the turn after the
         // last assistant message.
-        let items = wire.read_tail(msgs, tail);
+        //
+        // An assistant message before the tail that made no structured call may have written
+        // one in its text (a ReAct action, XML tool use, a JSON action, a shell block): it is
+        // read with the tail, so that the observation the framework sent back (a user message)
+        // answers that call instead of reading as a person's words. The call ran already; it
+        // is judged now, under an id of its turn's number, and its verdict goes with the
+        // observation (`Book::text_note`).
+        let written = tail > 0 && wire.may_write_call_in_text(msgs, tail - 1);
+        let items = if written {
+            wire.read(&msgs.values(tail - 1))
+        } else {
+            wire.read_tail(msgs, tail)
+        };
         let at_turn = turn.assistant_turns;
+        let text_id = format!("text-{at_turn}");
+        let mut written_id: Option<&str> = None;
         for item in &items {
+            if written && item.line == 1 {
+                // The assistant message's own text was judged with the response it came in.
+                if let Kind::Call {
+                    id,
+                    tool,
+                    arguments,
+                } = &item.kind
+                    && written_id.is_none()
+                {
+                    written_id = Some(id);
+                    if !book.first_sight(&format!("{text_id}/call")) {
+                        continue;
+                    }
+                    book.dirty = true;
+                    self.metrics.tool_call();
+                    let v = turn.engine.observe(&Event::Call(Call {
+                        session: &turn.session,
+                        call_id: &text_id,
+                        tool,
+                        arguments: match arguments {
+                            loopguard_transcript::Args::Json(v) => Arguments::Json(v),
+                            loopguard_transcript::Args::Raw(s) => Arguments::Raw(s),
+                        },
+                        time_ms: now,
+                    }));
+                    if v.is_allow() {
+                        log_notes(&v, &turn.session);
+                        book.called(&text_id, tool);
+                        continue;
+                    }
+                    self.record(&v, turn, at_turn, "call", Some(tool), Some(&text_id));
+                    match v.action {
+                        Action::Terminate => {
+                            return Err(Box::new(stop_error(&v, Some(tool), turn)));
+                        }
+                        // Too late to keep the call from running: its output is kept from
+                        // the model instead.
+                        Action::Block | Action::Ask => {
+                            book.called(&text_id, tool);
+                            book.text_note(at_turn, note(&v), true);
+                        }
+                        _ => {
+                            book.called(&text_id, tool);
+                            book.text_note(at_turn, note(&v), false);
+                        }
+                    }
+                }
+                continue;
+            }
             match &item.kind {
                 Kind::Result {
                     id, output, error, ..
                 } => {
+                    let id = if written_id == Some(id.as_str()) {
+                        &text_id
+                    } else {
+                        id
+                    };
                     if id.is_empty() || !book.first_sight(id) {
                         continue;
                     }
@@ -731,7 +801,11 @@ impl State {
                     if v.action == Action::Terminate {
                         return Err(Box::new(stop_error(&v, tool.as_deref(), turn)));
                     }
-                    book.nudge(id, note(&v));
+                    if *id == text_id {
+                        book.text_note(at_turn, note(&v), false);
+                    } else {
+                        book.nudge(id, note(&v));
+                    }
                 }
                 Kind::User { text, injected } if !repeated => {
                     if text.trim().is_empty() {
@@ -1166,14 +1240,25 @@ fn judge_turn(
         tool_call_id: call.map(|c| c.id.clone()),
     };
     let at_turn = turn.assistant_turns + 1;
-    if calls.is_empty() || !text.trim().is_empty() {
+    // A call written in the text (a ReAct action, XML tool use, a JSON action) is judged when
+    // its observation comes back (`observe_tail`); what the turn says beside it is narration.
+    let written = if calls.is_empty() {
+        loopguard_transcript::prose_beside_text_call(text)
+    } else {
+        None
+    };
+    let (text, narration) = match written {
+        Some(prose) => (prose, true),
+        None => (text, !calls.is_empty()),
+    };
+    if (calls.is_empty() && written.is_none()) || !text.trim().is_empty() {
         let v = turn.engine.observe(&Event::Text(Text {
             session: &turn.session,
             text,
             chunk: false,
             end_of_turn: true,
             reasoning: false,
-            narration: !calls.is_empty(),
+            narration,
             time_ms: now,
         }));
         if !v.is_allow() {

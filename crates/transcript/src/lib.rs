@@ -81,6 +81,18 @@ use std::fmt;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+/// The prose of an assistant's text that plainly writes a tool call in it (a ReAct action,
+/// XML tool use, function tags, a JSON action, a code action: the forms `simulate` reads as a
+/// call), without the call; `None` when the text writes no such call. A closing shell block is
+/// no plain call: it is one only when an observation answers it.
+pub fn prose_beside_text_call(text: &str) -> Option<&str> {
+    let call = text_calls::text_call(text)?;
+    if !call.sure {
+        return None;
+    }
+    Some(text.get(..call.prose).unwrap_or(text))
+}
+
 /// Where an event came from: the 1-based line of its message or event object.
 pub type Line = usize;
 

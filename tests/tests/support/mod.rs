@@ -305,6 +305,26 @@ pub async fn fake_chat(State(f): State<Fake>, body: Bytes) -> Response {
                 tool_call(&format!("call_{n}"), "bash", BUILD),
             ],
         ),
+        // An agent without native tool calling: the same ReAct action every turn.
+        "react" => (
+            Some("Thought: I need to build it.\nAction: bash\nAction Input: cargo build"),
+            Vec::new(),
+        ),
+        // The same, reading a new file each turn.
+        "reactwalk" => {
+            let text = format!(
+                "Thought: I read the next file.\nAction: read_file\nAction Input: {{\"path\": \"src/{n}.rs\"}}"
+            );
+            let body = completion(&model, json!(text), Vec::new());
+            return if stream {
+                sse_body(
+                    stream_events(&model, Some(&text), &[]),
+                    Duration::from_millis(1),
+                )
+            } else {
+                json_body(StatusCode::OK, &body)
+            };
+        }
         "text" => (Some("Hello! The answer is 42, see `ls -la`."), Vec::new()),
         "rich" => (Some(RICH), Vec::new()),
         "explore" => (

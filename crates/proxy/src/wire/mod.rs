@@ -252,6 +252,21 @@ impl Wire {
         self.classify(msgs.peek(i))
     }
 
+    /// Whether message `i` is an assistant message that makes no structured call (no chat
+    /// `tool_calls` or `function_call`, no `tool_use` block, not a Responses call item), and so
+    /// may have written one in its text. Gemini's contents are not read this way.
+    pub fn may_write_call_in_text(self, msgs: &mut Messages<'_>, i: usize) -> bool {
+        if self == Wire::Gemini || self.seen(msgs, i) != Seen::Assistant {
+            return false;
+        }
+        let p = msgs.peek(i);
+        if p.has_tool_calls || p.has_calls || p.kind.as_deref().is_some_and(|k| k != "message") {
+            return false;
+        }
+        msgs.get(i)
+            .is_some_and(|m| m.get("function_call").is_none_or(Value::is_null))
+    }
+
     /// The call ids a results message answers.
     pub fn result_ids(self, m: &Value) -> Vec<&str> {
         match self {
@@ -595,6 +610,53 @@ pub fn append_text(content: &mut Value, note: &str, part: &str) {
 }
 
 /// Appends a note to `m[key]`, creating it when absent.
+/// Applies notes about calls written in assistant text: `(turn, note, replaces)` goes to the
+/// first person's message after the `turn`-th assistant message (counted from 1), the
+/// observation a framework sends back for such a call; added to it, or instead of it. Returns
+/// whether anything changed. Gemini's contents are left as they are.
+pub fn apply_text_notes(
+    wire: Wire,
+    msgs: &mut Messages<'_>,
+    notes: &[(u64, String, bool)],
+) -> bool {
+    if notes.is_empty() || wire == Wire::Gemini {
+        return false;
+    }
+    let mut changed = false;
+    let mut turn = 0u64;
+    let mut i = 0;
+    while i < msgs.len() {
+        if wire.seen(msgs, i) != Seen::Assistant {
+            i += 1;
+            continue;
+        }
+        turn += 1;
+        i += 1;
+        let mine: Vec<&(u64, String, bool)> = notes.iter().filter(|n| n.0 == turn).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        // The observation: the next person's message, before any other assistant message.
+        let mut j = i;
+        while j < msgs.len() && !matches!(wire.seen(msgs, j), Seen::Person | Seen::Assistant) {
+            j += 1;
+        }
+        if j >= msgs.len() || wire.seen(msgs, j) != Seen::Person {
+            continue;
+        }
+        let Some(m) = msgs.get_mut(j) else { continue };
+        for (_, note, replaces) in mine {
+            if *replaces && let Some(obj) = m.as_object_mut() {
+                obj.insert("content".to_owned(), Value::String(note.clone()));
+            } else {
+                append_to(m, "content", note, wire.text_part());
+            }
+        }
+        changed = true;
+    }
+    changed
+}
+
 fn append_to(m: &mut Value, key: &str, note: &str, part: &str) {
     let Some(obj) = m.as_object_mut() else {
         return;
