@@ -12,13 +12,17 @@ import os
 import tempfile
 import threading
 
-# No telemetry, no tracing, and CrewAI's files (its task outputs database, a key it makes)
-# under a temporary directory rather than the user's: set before crewai is imported.
+# No telemetry, no tracing, and CrewAI's files (its task outputs database, a credentials key,
+# a settings directory) in a temporary home rather than the user's: set before crewai is
+# imported (this module runs in a process of its own, see above).
 os.environ["CREWAI_DISABLE_TELEMETRY"] = "true"
 os.environ["CREWAI_DISABLE_TRACKING"] = "true"
 os.environ["CREWAI_TRACING_ENABLED"] = "false"
 os.environ["OTEL_SDK_DISABLED"] = "true"
-os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="loopguard-crewai-")
+_home = tempfile.TemporaryDirectory(prefix="loopguard-crewai-")  # removed at exit
+os.environ["HOME"] = _home.name
+os.environ.pop("XDG_DATA_HOME", None)
+os.environ.pop("XDG_CONFIG_HOME", None)
 
 import pytest
 
@@ -32,6 +36,9 @@ from crewai.utilities.i18n import I18N_DEFAULT
 
 import loopguard
 from loopguard.adapters.crewai import AgentLoopTerminated, LoopGuard
+
+# CrewAI's own code reads its deprecated attributes (function_calling_llm, …) on every run.
+pytestmark = pytest.mark.filterwarnings(r"ignore::DeprecationWarning:crewai(\..*)?")
 
 CONTENT = "line 1: nothing changed here"
 WARNING = "[loopguard: warning] "
