@@ -4,7 +4,8 @@
 - :mod:`loopguard.adapters.langchain`: LangChain / LangGraph (a tool wrapper);
 - :mod:`loopguard.adapters.smolagents`: smolagents (a tool wrapper);
 - :mod:`loopguard.adapters.pydantic_ai`: PydanticAI (a capability's ``wrap_tool_execute``);
-- :mod:`loopguard.adapters.agent_framework`: Microsoft Agent Framework (function middleware).
+- :mod:`loopguard.adapters.agent_framework`: Microsoft Agent Framework (function middleware);
+- :mod:`loopguard.adapters.crewai`: CrewAI (tool-call hooks scoped to a run).
 
 Each does the same with the engine's verdicts: every tool call and result is observed; a
 ``warn`` reaches the model appended to the tool's output; a ``block`` (or ``ask``, which has no
