@@ -1099,6 +1099,16 @@ mod tests {
         items.iter().map(|i| i.kind.name()).collect()
     }
 
+    fn outputs(items: &[Item]) -> Vec<&str> {
+        items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::Result { output, .. } => Some(output.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn responses_items_read_as_the_same_conversation_as_chat_messages() {
         let input = json!([
@@ -1233,13 +1243,7 @@ mod tests {
             arguments,
             &Args::Json(json!({"action": "click", "button": "left", "x": 10, "y": 20}))
         );
-        let outputs: Vec<&str> = items
-            .iter()
-            .filter_map(|i| match &i.kind {
-                Kind::Result { output, .. } => Some(output.as_str()),
-                _ => None,
-            })
-            .collect();
+        let outputs = outputs(&items);
         assert!(
             outputs.iter().all(|o| o.starts_with("[image ")),
             "{outputs:?}"
@@ -1384,13 +1388,7 @@ mod tests {
         ];
         let items = read_messages(&msgs, Mode::Strict).unwrap();
         assert_eq!(kinds(&items), ["user", "call", "result", "call", "result"]);
-        let outputs: Vec<&str> = items
-            .iter()
-            .filter_map(|i| match &i.kind {
-                Kind::Result { output, .. } => Some(output.as_str()),
-                _ => None,
-            })
-            .collect();
+        let outputs = outputs(&items);
         assert_eq!(outputs, ["make: *** [all] Error 1\n", ""]);
 
         let msgs = vec![

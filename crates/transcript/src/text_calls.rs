@@ -96,6 +96,16 @@ pub(crate) fn is_observation(text: &str) -> bool {
         || t.contains("(Current directory:")
 }
 
+/// A tool's name as agents write it: letters, digits, `_`, `-` and `.`, at most
+/// [`MAX_NAME`] bytes.
+fn is_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
 // --- JSON actions ------------------------------------------------------------------------
 
 /// Longest text read as a JSON action.
@@ -192,12 +202,7 @@ fn named_call(v: &Value) -> Option<TextCall> {
         }
         (obj.get("name")?.as_str()?, Some(input.clone()))
     };
-    let valid = !tool.is_empty()
-        && tool.len() <= MAX_NAME
-        && tool
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if !valid {
+    if !is_tool_name(tool) {
         return None;
     }
     let arguments = match input {
@@ -243,12 +248,7 @@ fn function_call(text: &str) -> Option<TextCall> {
     let after = &t[open + "<function=".len()..];
     let gt = after.find('>')?;
     let name = after[..gt].trim();
-    let valid = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if !valid {
+    if !is_tool_name(name) {
         return None;
     }
     let body = &after[gt + 1..];
@@ -434,10 +434,7 @@ fn react_call(text: &str) -> Option<TextCall> {
         // where its input belongs. The framework rejects the action, but it was attempted, and
         // the same attempt rejected the same way again and again is a loop like any other.
         let last = rest.iter().all(|l| l.trim().is_empty());
-        let identifier = named
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-        return (last && identifier).then(|| TextCall {
+        return (last && is_tool_name(named)).then(|| TextCall {
             tool: named.to_owned(),
             arguments: json!({}),
             sure: true,
