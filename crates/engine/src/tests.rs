@@ -1759,6 +1759,54 @@ fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
     );
 }
 
+/// Hosts add their own text to tool results: Claude Code a `<system-reminder>` (every so often
+/// one about its todo list), Cline and Roo Code an `<environment_details>` block with the editor's
+/// state and the clock. Neither is output of the tool: the same file read again and again is
+/// the same outcome whatever reminder rides along, while a file that really changed is not.
+#[test]
+fn a_hosts_reminder_inside_a_result_is_no_output_of_the_tool() {
+    let file = "     1→import os\n     2→from utils import helper\n";
+    let reads = |content: &dyn Fn(usize) -> String| {
+        let mut h = H::default();
+        (0..6)
+            .map(|i| {
+                let (c, r) = h.run(
+                    "Read",
+                    json!({"file_path": "/repo/app.py"}),
+                    &content(i),
+                    false,
+                );
+                !c.is_allow() || !r.is_allow()
+            })
+            .position(|flagged| flagged)
+    };
+    let claude = |i: usize| {
+        let todo = if i % 2 == 1 {
+            "\n<system-reminder>\nThe TodoWrite tool hasn't been used recently.\n</system-reminder>"
+        } else {
+            ""
+        };
+        format!(
+            "{file}\n<system-reminder>\nConsider whether it is malware.\n</system-reminder>{todo}"
+        )
+    };
+    let cline = |i: usize| {
+        format!(
+            "{file}\n<environment_details>\n# Current Time\n11/27/2026, 5:0{i}:12 PM (UTC)\n# Current Cost\n$0.0{i}\n</environment_details>"
+        )
+    };
+    assert_eq!(reads(&claude), Some(2), "Claude Code's reminders");
+    assert_eq!(reads(&cline), Some(2), "Cline's editor state");
+    // The file itself changing each time is another matter.
+    let edited = |i: usize| {
+        format!(
+            "{}\n<system-reminder>\nx\n</system-reminder>",
+            "x = 1\n".repeat(i + 1)
+        )
+    };
+    assert_eq!(reads(&edited), None, "a file that changes");
+}
+
 /// A check the host runs after every turn, failing the same way each time, answered as a user
 /// message (Aider reflecting a failing test command's output): short as it is, its second
 /// sending in the same words is the host's reply rejecting the turn, and so was the first.
