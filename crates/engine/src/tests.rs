@@ -1759,6 +1759,48 @@ fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
     );
 }
 
+/// Frameworks that read the model's action out of its text answer an action they could not read
+/// with a user message of their own: Terminus' `Previous response had parsing errors:` (or
+/// `warnings:`), its `ERROR!! NONE of the actions you just requested were performed`, AutoGPT's
+/// `Determine exactly one command to use`. Each says something new in its details, yet none is
+/// a person's instruction: the failing call before and after it keeps counting.
+#[test]
+fn a_frameworks_rejection_of_an_unreadable_action_is_no_instruction() {
+    // Three searches failing the same way, each after such a message.
+    let failing = |prompt: &dyn Fn(usize) -> String| {
+        let mut h = H::default();
+        let mut flagged = false;
+        for (i, cmd) in [
+            "grep -r RST src/",
+            "grep -r RST src/io/",
+            "grep -H RST src/io/*.py",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            h.user(&prompt(i), false);
+            let (c, r) = h.bash(cmd, "grep: src/: No such file or directory", true);
+            flagged |= !c.is_allow() || !r.is_allow();
+        }
+        flagged
+    };
+    for prompt in [
+        "Previous response had parsing errors:\nERROR: Missing required field 'plan' (try {i})\n\nPlease fix these issues and provide a proper JSON response.",
+        "Previous response had warnings:\nWARNINGS: - Extra text detected before JSON object ({i})",
+        "ERROR!! NONE of the actions you just requested were performed because you exceeded the maximum output length of 4096 tokens ({i}).",
+        "Determine exactly one command to use based on the progress so far (step {i}), and respond using the JSON schema specified previously:",
+    ] {
+        assert!(
+            failing(&|i| prompt.replace("{i}", &i.to_string())),
+            "{prompt}"
+        );
+    }
+    assert!(
+        !failing(&|i| format!("Try the integration suite instead, part {i}.")),
+        "a person's new instruction"
+    );
+}
+
 /// Hosts add their own text to tool results: Claude Code a `<system-reminder>` (every so often
 /// one about its todo list), Cline and Roo Code an `<environment_details>` block with the editor's
 /// state and the clock. Neither is output of the tool: the same file read again and again is
