@@ -1742,8 +1742,9 @@ fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
         }
         flagged
     };
-    let fixed = "Determine exactly one command to use based on the progress so far, and respond \
-                 using the JSON schema specified previously:";
+    // A framework's fixed prompt in words no pattern knows.
+    let fixed = "Decide on the single next step toward the goal, and reply in the format agreed \
+                 at the start:";
     assert!(
         failing_greps(&|_| fixed.to_owned()),
         "the same prompt each step"
