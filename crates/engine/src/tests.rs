@@ -1720,28 +1720,31 @@ fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
     assert_eq!(first_flag(&|_| "Please continue.".to_owned()), Some(6));
 }
 
+/// Three searches failing the same way, the `i`th after the user message `prompt(i)`: whether
+/// any of them is flagged.
+fn failing_greps(prompt: &dyn Fn(usize) -> String) -> bool {
+    let mut h = H::default();
+    let mut flagged = false;
+    for (i, cmd) in [
+        "grep -r RST src/",
+        "grep -r RST src/io/",
+        "grep -H RST src/io/*.py",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        h.user(&prompt(i), false);
+        let (c, r) = h.bash(cmd, "grep: src/: No such file or directory", true);
+        flagged |= !c.is_allow() || !r.is_allow();
+    }
+    flagged
+}
+
 /// A framework's fixed prompt sent before every step (the same words each time) is no new
 /// instruction: varied calls failing the same way between such prompts are a loop. Messages
 /// that differ are a person's, and each sets the calls before it aside.
 #[test]
 fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
-    let failing_greps = |prompt: &dyn Fn(usize) -> String| {
-        let mut h = H::default();
-        let mut flagged = false;
-        for (i, cmd) in [
-            "grep -r RST src/",
-            "grep -r RST src/io/",
-            "grep -H RST src/io/*.py",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            h.user(&prompt(i), false);
-            let (c, r) = h.bash(cmd, "grep: src/: No such file or directory", true);
-            flagged |= !c.is_allow() || !r.is_allow();
-        }
-        flagged
-    };
     // A framework's fixed prompt in words no pattern knows.
     let fixed = "Decide on the single next step toward the goal, and reply in the format agreed \
                  at the start:";
@@ -1767,24 +1770,6 @@ fn a_user_message_said_again_word_for_word_is_no_new_instruction() {
 /// a person's instruction: the failing call before and after it keeps counting.
 #[test]
 fn a_frameworks_rejection_of_an_unreadable_action_is_no_instruction() {
-    // Three searches failing the same way, each after such a message.
-    let failing = |prompt: &dyn Fn(usize) -> String| {
-        let mut h = H::default();
-        let mut flagged = false;
-        for (i, cmd) in [
-            "grep -r RST src/",
-            "grep -r RST src/io/",
-            "grep -H RST src/io/*.py",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            h.user(&prompt(i), false);
-            let (c, r) = h.bash(cmd, "grep: src/: No such file or directory", true);
-            flagged |= !c.is_allow() || !r.is_allow();
-        }
-        flagged
-    };
     for prompt in [
         "Previous response had parsing errors:\nERROR: Missing required field 'plan' (try {i})\n\nPlease fix these issues and provide a proper JSON response.",
         "Previous response had warnings:\nWARNINGS: - Extra text detected before JSON object ({i})",
@@ -1792,12 +1777,12 @@ fn a_frameworks_rejection_of_an_unreadable_action_is_no_instruction() {
         "Determine exactly one command to use based on the progress so far (step {i}), and respond using the JSON schema specified previously:",
     ] {
         assert!(
-            failing(&|i| prompt.replace("{i}", &i.to_string())),
+            failing_greps(&|i| prompt.replace("{i}", &i.to_string())),
             "{prompt}"
         );
     }
     assert!(
-        !failing(&|i| format!("Try the integration suite instead, part {i}.")),
+        !failing_greps(&|i| format!("Try the integration suite instead, part {i}.")),
         "a person's new instruction"
     );
 }
