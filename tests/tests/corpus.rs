@@ -53,6 +53,7 @@ const FAMILIES: &[(&str, bool, bool)] = &[
     ("text-calls", true, true),
     ("idle", true, true),
     ("screen", true, true),
+    ("terminal-echo", true, true),
 ];
 
 #[test]

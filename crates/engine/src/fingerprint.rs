@@ -193,6 +193,50 @@ pub struct CallKeys {
     /// What the call's path arguments name (`path`, `file_path`, `dir`, …): a hash of them
     /// all, 0 when it has none. A modifying tool's call changes that file.
     pub target: u64,
+    /// The lines a shell command types (see [`Typed`]).
+    pub typed: Typed,
+}
+
+/// The lines of a shell command as a terminal echoes them: a hash of each of its first
+/// [`Typed::MAX`] lines, trimmed, blank lines left out. A terminal busy with a program that
+/// does not read its input shows what is typed and nothing else; an output made only of such
+/// lines says that the command did not run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Typed {
+    pub n: u8,
+    pub lines: [u32; Typed::MAX],
+}
+
+impl Typed {
+    pub const MAX: usize = 8;
+
+    /// The typed lines of `cmd`.
+    pub fn of(cmd: &str) -> Typed {
+        let mut t = Typed::default();
+        for line in cmd.lines() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let Some(slot) = t.lines.get_mut(usize::from(t.n)) else {
+                break;
+            };
+            *slot = Typed::hash(line);
+            t.n += 1;
+        }
+        t
+    }
+
+    /// The hash a typed line and an output line are compared by.
+    #[inline]
+    pub fn hash(line: &str) -> u32 {
+        crate::hash::hash_bytes(0x7479_7065_645f_6c6e, line.as_bytes()) as u32
+    }
+
+    /// The hashes of the typed lines.
+    pub fn hashes(&self) -> &[u32] {
+        self.lines.get(..usize::from(self.n)).unwrap_or(&[])
+    }
 }
 
 /// The side of a replacement an argument key names: the text replaced, or its replacement.

@@ -81,6 +81,9 @@ pub struct Outcome {
     pub empty: bool,
     /// Infrastructure trouble (rate limits, 5xx): retrying is not a loop. Only errors are.
     pub retryable: bool,
+    /// The output only echoes lines the session typed: the command did not run (a terminal
+    /// busy with another program). Such an output is a failure, the same for every command.
+    pub echo: bool,
 }
 
 thread_local! {
@@ -150,20 +153,28 @@ impl ResultRules {
 
     /// Normalizes, hashes and classifies a result. Uses a per-thread buffer, so nothing is
     /// allocated per result in steady state.
+    #[cfg(test)]
     pub fn outcome(&self, r: &ToolResult<'_>) -> Outcome {
+        self.outcome_typed(r, &[])
+    }
+
+    /// [`Self::outcome`] of a shell command's result, `typed` the hashes of the lines the
+    /// session typed last ([`crate::fingerprint::Typed`]): an output made only of them is
+    /// their echo, the command did not run ([`Outcome::echo`]).
+    pub fn outcome_typed(&self, r: &ToolResult<'_>, typed: &[u32]) -> Outcome {
         BUF.with(|cell| match cell.try_borrow_mut() {
             Ok(mut buf) => {
-                let o = self.outcome_in(r, &mut buf);
+                let o = self.outcome_in(r, typed, &mut buf);
                 if buf.capacity() > BUF_KEEP {
                     *buf = Vec::new();
                 }
                 o
             }
-            Err(_) => self.outcome_in(r, &mut Vec::new()),
+            Err(_) => self.outcome_in(r, typed, &mut Vec::new()),
         })
     }
 
-    fn outcome_in(&self, r: &ToolResult<'_>, buf: &mut Vec<u8>) -> Outcome {
+    fn outcome_in(&self, r: &ToolResult<'_>, typed: &[u32], buf: &mut Vec<u8>) -> Outcome {
         let mut out = out::Out::new(buf);
         let text = r.output;
         let max = self.max_bytes;
@@ -196,7 +207,16 @@ impl ResultRules {
                 replaced = next;
             }
         }
-        self.judge(r, replaced.as_deref().unwrap_or(masked))
+        let text = replaced.as_deref().unwrap_or(masked);
+        if !typed.is_empty() && echoes(text, typed) {
+            return Outcome {
+                digest: ECHO_DIGEST,
+                error: true,
+                echo: true,
+                ..Outcome::default()
+            };
+        }
+        self.judge(r, text)
     }
 
     /// The outcome of a result from its masked text.
@@ -270,8 +290,38 @@ impl ResultRules {
                     None => self.empty.iter().any(|re| re.is_match(buf)),
                 },
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
+            echo: false,
         }
     }
+}
+
+/// The digest of every output that only echoes what was typed: one outcome, whatever was typed.
+const ECHO_DIGEST: u64 = 0x6563_686f_5f6f_6e6c;
+
+/// At most this many bytes of masked output are read for an echo: a terminal showing only
+/// what was typed shows a screen at most.
+const ECHO_MAX_BYTES: usize = 4096;
+
+/// Whether every non-blank line of `text` (at least one) is one of the `typed` lines: a
+/// terminal busy with a program that does not read its input showed what the agent typed and
+/// nothing else. A shell prompt before a line, or any line the command printed, makes it no
+/// echo.
+fn echoes(text: &str, typed: &[u32]) -> bool {
+    if text.len() > ECHO_MAX_BYTES {
+        return false;
+    }
+    let mut lines = 0;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if !typed.contains(&crate::fingerprint::Typed::hash(line)) {
+            return false;
+        }
+        lines += 1;
+    }
+    lines > 0
 }
 
 /// Whether a line of `text` says that only some tests passed: `9/11 tests passed`, `3 of 5

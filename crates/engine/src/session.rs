@@ -108,6 +108,38 @@ pub struct Session {
     files: Files,
     /// A hash of the last user message judged a person's (0: none yet).
     last_user: u64,
+    /// The lines the last shell commands typed, allocated at the first one.
+    typed: Option<Box<TypedLines>>,
+}
+
+/// The last [`TypedLines::LEN`] lines typed by shell commands
+/// ([`crate::fingerprint::Typed`]), newest last: a terminal that echoes input while it is busy
+/// may show the lines of several commands typed one after another.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TypedLines {
+    lines: [u32; TypedLines::LEN],
+    len: u8,
+}
+
+impl TypedLines {
+    pub(crate) const LEN: usize = 16;
+
+    pub(crate) fn push(&mut self, hashes: &[u32]) {
+        for &h in hashes {
+            if usize::from(self.len) == Self::LEN {
+                self.lines.copy_within(1.., 0);
+                self.len -= 1;
+            }
+            if let Some(slot) = self.lines.get_mut(usize::from(self.len)) {
+                *slot = h;
+                self.len += 1;
+            }
+        }
+    }
+
+    pub(crate) fn hashes(&self) -> &[u32] {
+        self.lines.get(..usize::from(self.len)).unwrap_or(&[])
+    }
 }
 
 /// What the latest message from a person did to the counts of the calls before it.
@@ -185,6 +217,7 @@ impl Session {
             user_turn: UserTurn::Open,
             files: Files::default(),
             last_user: 0,
+            typed: None,
         }
     }
 
@@ -324,6 +357,10 @@ impl Session {
             + self.settings.as_ref().map_or(0, |s| {
                 std::mem::size_of::<Settings>() + s.mode.as_ref().map_or(0, String::capacity)
             })
+            + self
+                .typed
+                .as_ref()
+                .map_or(0, |_| std::mem::size_of::<TypedLines>())
             + self.group.as_ref().map_or(0, |m| {
                 std::mem::size_of::<Member>()
                     + m.group.len()

@@ -161,6 +161,9 @@ pub(crate) struct SessionV1 {
     /// A hash of the last user message judged a person's.
     #[serde(default, with = "hex64", skip_serializing_if = "is_zero_u64")]
     pub last_user: u64,
+    /// Hashes of the lines the last shell commands typed, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub typed: Vec<u32>,
 }
 
 /// What a session was resolved for.

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::{Action, Arguments, Call, Engine, Event, Text, ToolResult, UserMessage, Verdict};
 
-fn default_config() -> Config {
+pub(crate) fn default_config() -> Config {
     static C: OnceLock<Config> = OnceLock::new();
     C.get_or_init(|| {
         Policy::builtin_default()
@@ -2367,6 +2367,91 @@ fn different_calls_failing_the_same_way_are_the_same_outcome() {
         }
     }
     assert_eq!(hit, Some((3, Some("same_outcome".to_owned()))));
+}
+
+/// A batch of keystrokes sent to a terminal, each its own call (a terminal agent's tool), the
+/// screen coming back as the result of the last one and the others answered with a fixed note;
+/// returns the verdict of each result.
+fn keystrokes(h: &mut H, lines: &[&str], screen: &str) -> Vec<Verdict> {
+    let ids: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            h.call(
+                "bash_command",
+                json!({"keystrokes": format!("{l}\n"), "duration": 0.5}),
+            )
+            .1
+        })
+        .collect();
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let out = if i + 1 == ids.len() {
+                screen
+            } else {
+                "(one screen per batch)"
+            };
+            h.result(id, out, false)
+        })
+        .collect()
+}
+
+/// A terminal busy with a program that does not read its input shows what was typed and
+/// nothing else: the commands did not run. Tries whose screens only echo their keystrokes are
+/// the same failure, whatever was typed; the batch's other calls do not end the run.
+#[test]
+fn a_terminal_that_only_echoes_what_was_typed_is_the_same_failure_for_every_command() {
+    let mut h = H::default();
+    let batches: [&[&str]; 4] = [
+        &["C-c", "pwd", "grep -n mask src/model.py"],
+        &["C-c", "cd /work/repo", "sed -n '700,900p' src/model.py"],
+        &["bash", "pwd", "sed -n '220,320p' src/model.py"],
+        &["C-c", "echo READY"],
+    ];
+    let mut hit = None;
+    for (b, lines) in batches.iter().enumerate() {
+        // The screen shows the lines typed, some of the previous batch's too, and no prompt.
+        let screen = format!("New Terminal Output:\n\n{}\n\n", lines.join("\n"));
+        let verdicts = keystrokes(&mut h, lines, &screen);
+        if hit.is_none()
+            && let Some(v) = verdicts.iter().find(|v| !v.is_allow())
+        {
+            hit = Some((b + 1, det(v).map(str::to_owned)));
+        }
+    }
+    assert_eq!(hit, Some((3, Some("same_outcome".to_owned()))));
+
+    // The same keystrokes at a shell prompt ran: each screen shows the prompt and what the
+    // commands printed.
+    let mut h = H::default();
+    for lines in batches {
+        let screen = lines
+            .iter()
+            .map(|l| format!("root@box:/work/repo# {l}\n(output of {l})"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let verdicts = keystrokes(&mut h, lines, &screen);
+        assert!(verdicts.iter().all(Verdict::is_allow), "{screen}");
+    }
+}
+
+/// Typed lines are kept in snapshots: a session restored between two echoes still knows the
+/// lines typed before, which the next echo shows.
+#[test]
+fn a_restored_session_still_knows_what_was_typed() {
+    let mut h = H::default();
+    let screen = |l: &str| format!("{l}\n");
+    for l in ["pwd", "ls"] {
+        let (_, r) = h.run("bash", json!({"command": l}), &screen(l), false);
+        assert!(r.is_allow());
+    }
+    let snap = h.engine.snapshot_session(&h.session).expect("a snapshot");
+    let engine = Engine::new(default_config());
+    engine.restore_session(&h.session, &snap).expect("restored");
+    h.engine = engine;
+    // The screen still shows the line typed before the snapshot.
+    let (_, r) = h.run("bash", json!({"command": "ls -la"}), "ls\nls -la\n", false);
+    assert_eq!(det(&r), Some("same_outcome"));
 }
 
 /// Narration beside calls is never a text loop; the calls are judged.

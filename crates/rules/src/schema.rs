@@ -737,9 +737,9 @@ section! {
     pub struct Shell in SHELL {
         /// tools whose calls are shell commands
         tools: Vec<NameGlob> = GLOBS,
-            "[bash, sh, shell, zsh, run_shell_command, execute_bash, execute_command, exec_command, run_command, terminal, run_terminal_cmd, run_in_terminal, local_shell, container.exec, developer__shell, shell_command, exec, run_shell, execute_shell, shell_exec, run_bash, powershell]";
+            "[bash, sh, shell, zsh, run_shell_command, execute_bash, execute_command, exec_command, run_command, terminal, run_terminal_cmd, run_in_terminal, local_shell, container.exec, developer__shell, shell_command, exec, run_shell, execute_shell, shell_exec, run_bash, bash_command, powershell]";
         /// argument keys holding the command
-        command_keys: Vec<String> = STRS, "[command, cmd, script, commands, input]";
+        command_keys: Vec<String> = STRS, "[command, cmd, script, commands, input, keystrokes]";
         /// commands that read a file: with one file operand they collapse to one file-read key per
         /// file
         file_read_commands: Vec<String> = STRS, "[cat, head, tail, less, more, bat, nl, view]";

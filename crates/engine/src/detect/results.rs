@@ -110,20 +110,37 @@ pub fn same_outcome(w: &Window<'_>, k: usize, p: &SameOutcome) -> Option<Detecti
         return None;
     }
     let kind = outcome(r, p)?;
-    let mut tries = Tries::new(r);
+    // Tries, newest first: the run goes on while each try has a call with the outcome. The
+    // other calls of such a try do not end it: they were decided with that call, before the
+    // model saw any outcome (a terminal shows one screen for a batch of keystrokes: the
+    // batch's other calls have no answer of their own).
+    let mut count = 1u32;
     let mut start = k;
     let mut distinct = false;
-    for (i, o) in older(w, k).filter(|(_, o)| o.ran()) {
+    // Whether the call visited next is of the try of the call visited last.
+    let mut joined = r.has(flag::BATCH);
+    // Whether the try being visited has a call with the outcome (the current call's has).
+    let mut found = true;
+    for (i, o) in older(w, k) {
+        if !joined {
+            if !found {
+                break;
+            }
+            found = false;
+        }
+        joined = o.has(flag::BATCH);
         let same = o.digest == r.digest
             || (r.has(flag::ERROR) && o.has(flag::ERROR) && r.near_duplicate(o));
-        if outcome(o, p) != Some(kind) || !same {
-            break;
+        if !o.ran() || outcome(o, p) != Some(kind) || !same {
+            continue;
         }
         distinct |= o.exact != r.exact;
-        tries.add(o);
+        if !found {
+            count += 1;
+            found = true;
+        }
         start = i;
     }
-    let count = tries.count;
     let threshold = match kind {
         Outcome::Error => p.threshold,
         Outcome::Empty => p.empty_threshold,

@@ -282,6 +282,7 @@ impl FingerprintRules {
         let sh = &self.shell;
         let untrimmed = cmd.len();
         let cmd = cmd.trim();
+        keys.typed = super::Typed::of(cmd);
         keys.test = tool.tests.is_test(cmd, test_commands);
         keys.modify = self.modifies(cmd);
         if keys.modify {

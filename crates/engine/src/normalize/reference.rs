@@ -584,6 +584,7 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         empty: (error && super::says_nothing(masked))
             || rules.empty.iter().any(|re| re.is_match(buf)),
         retryable: error && rules.retryable.iter().any(|re| re.is_match(buf)),
+        echo: false,
     }
 }
 

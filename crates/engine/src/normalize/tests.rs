@@ -683,3 +683,56 @@ fn an_error_labelled_with_its_attempts_id_is_the_same_error() {
         assert_eq!(is_id_line(line), id, "{line}");
     }
 }
+
+/// An output is an echo when each of its non-blank lines, trimmed, is a typed line; the host's
+/// label before a terminal's screen (default policy) is no line of it.
+#[test]
+fn an_output_of_typed_lines_only_is_an_echo() {
+    use crate::fingerprint::Typed;
+    let typed = Typed::of("  C-c\n\npwd\nsed -n '1,20p' app.py  \n");
+    assert_eq!(typed.n, 3);
+    let rules = ResultRules::from_config(&crate::tests::default_config());
+    let echo = |text: &str| {
+        rules
+            .outcome_typed(
+                &ToolResult {
+                    session: "s",
+                    call_id: "c",
+                    output: text,
+                    is_error: false,
+                    exit_code: None,
+                    time_ms: 0,
+                },
+                typed.hashes(),
+            )
+            .echo
+    };
+    assert!(echo("pwd\n"));
+    assert!(echo(
+        "New Terminal Output:\n\nC-c\n  pwd\nsed -n '1,20p' app.py\n\n"
+    ));
+    assert!(echo(
+        "Previous response had warnings:\nWARNINGS: - Extra text detected after JSON object\n\nNew Terminal Output:\n\npwd\n"
+    ));
+    // A prompt before a line, a line the command printed, or nothing at all: no echo.
+    assert!(!echo("root@box:/app# pwd\n/app\nroot@box:/app#"));
+    assert!(!echo("pwd\n/app\n"));
+    assert!(!echo("\n \n"));
+    assert!(!echo(""));
+    // No typed lines: nothing is an echo.
+    let plain = rules.outcome(&ToolResult {
+        session: "s",
+        call_id: "c",
+        output: "pwd\n",
+        is_error: false,
+        exit_code: None,
+        time_ms: 0,
+    });
+    assert!(!plain.echo);
+    // At most 8 lines of a command are kept.
+    let long = (0..12)
+        .map(|i| format!("line {i}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(Typed::of(&long).n, 8);
+}

@@ -80,6 +80,11 @@ impl Session {
             flags,
         });
         self.remember_id(seq, c.call_id);
+        if keys.typed.n > 0 {
+            self.typed
+                .get_or_insert_with(Box::default)
+                .push(keys.typed.hashes());
+        }
         let group = if self.group.is_some() {
             let rules = Arc::clone(&self.rules);
             self.group_call(&rules, &keys, tool.id, c.time_ms)

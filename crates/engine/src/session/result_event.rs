@@ -12,7 +12,11 @@ impl Session {
         let Some(k) = self.full_window(now).iter().position(|x| x.call == h) else {
             return Verdict::allow();
         };
-        let outcome = rules.results.outcome(r);
+        let typed = match (&self.typed, self.full_window(now).get(k)) {
+            (Some(t), Some(rec)) if rec.has(flag::SHELL) => t.hashes(),
+            _ => &[],
+        };
+        let outcome = rules.results.outcome_typed(r, typed);
         // Whether the work is still under way matters only to a call made again, and a failure
         // is no state to wait on: only a successful result of a repeated call is read for it (a
         // first call's next repeat is not yet counted).

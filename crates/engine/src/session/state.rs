@@ -185,6 +185,10 @@ impl Session {
                 })
                 .collect(),
             last_user: self.last_user,
+            typed: self
+                .typed
+                .as_ref()
+                .map_or_else(Vec::new, |t| t.hashes().to_vec()),
         }
     }
 
@@ -286,6 +290,13 @@ impl Session {
         s.files =
             super::Files::from_entries(snap.files.iter().map(|f| (f.target, f.content, f.seq)));
         s.last_user = snap.last_user;
+        if !snap.typed.is_empty() {
+            // The newest lines, if a snapshot holds more than a session keeps.
+            let from = snap.typed.len().saturating_sub(super::TypedLines::LEN);
+            let mut t = super::TypedLines::default();
+            t.push(snap.typed.get(from..).unwrap_or(&[]));
+            s.typed = Some(Box::new(t));
+        }
         if let Some(u) = &snap.user_turn {
             s.user_seq = u.seq;
             s.user_turn = if u.decided {
