@@ -1249,6 +1249,35 @@ fn pending_patterns_read_both_ends_of_a_successful_result() {
     assert!(!pending(""));
 }
 
+/// A marker echoed once a command has finished (`echo DONE`, as terminal agents do to see the
+/// terminal is free) is known by what was done before it: the same marker after other work is
+/// no repeat of it; after the same work again and again, it is.
+#[test]
+fn the_same_marker_after_other_work_is_no_repeat() {
+    let mut h = H::default();
+    for i in 0..6 {
+        let (c, r) = h.bash(
+            &format!("python3 -c 'import app; print(app.check({i}))'"),
+            &format!("check {i}: ok"),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "check {i}");
+        let (c, r) = h.bash("echo DONE", "DONE", false);
+        assert!(
+            c.is_allow() && r.is_allow(),
+            "marker after check {i}: {c:?} {r:?}"
+        );
+    }
+    // After one command made again and again, the marker counts with it.
+    let mut h = H::default();
+    let first = (0..6).position(|_| {
+        let (c, r) = h.bash("sleep 5 && cat status.txt", "building", false);
+        let (c2, r2) = h.bash("echo DONE", "DONE", false);
+        [c, r, c2, r2].iter().any(|v| !v.is_allow())
+    });
+    assert!(first.is_some(), "never flagged");
+}
+
 #[test]
 fn commands_that_do_nothing_are_one_call_however_they_are_worded() {
     // An agent that thinks it is done, saying so through the shell.

@@ -58,16 +58,22 @@ impl Session {
         // A command line that does nothing: such lines count together only while nothing else
         // is done, so their fuzzy key is the last call that did something; the record is known
         // by its digest, fixed from the call on.
+        // Such a line is known by what was done before it, too: the same marker echoed after
+        // other work (`echo DONE` once a command has finished) is no repeat of it, while the
+        // same marker after the same work, or back to back, is.
         let idle = tool.keys.shell && keys.fuzzy == u64::from(NOOP_FUZZY);
-        let fuzzy = if idle {
+        let (exact, fuzzy) = if idle {
             let anchor = self
                 .full_window(now)
                 .iter()
                 .find(|r| !(r.has(flag::SHELL) && r.digest == NOOP_FUZZY))
                 .map_or(0, |r| r.exact);
-            mix(u64::from(NOOP_FUZZY), u64::from(anchor)) as u32
+            (
+                mix(u64::from(exact), u64::from(anchor)) as u32,
+                mix(u64::from(NOOP_FUZZY), u64::from(anchor)) as u32,
+            )
         } else {
-            keys.fuzzy as u32
+            (exact, keys.fuzzy as u32)
         };
         self.push(Record {
             exact,
