@@ -1249,6 +1249,42 @@ fn pending_patterns_read_both_ends_of_a_successful_result() {
     assert!(!pending(""));
 }
 
+/// A wait that shows something (a terminal's screen after an empty batch of keystrokes, a
+/// page after `browser_wait_for`) looks, as a poll does: the same screen again and again is
+/// no progress, at twice the threshold; a changing screen is progress, and a wait that shows
+/// nothing (`sleep 30`) is never counted.
+#[test]
+fn a_wait_that_shows_the_same_screen_again_and_again_is_no_progress() {
+    let screen = "root@7c1e:/app# python train.py\nLoading dataset...\nEpoch 1/10\n";
+    let first_flag = |h: &mut H, tool: &str, args: Value, out: &dyn Fn(usize) -> String| {
+        (0..12).position(|i| {
+            let (c, r) = h.run(tool, args.clone(), &out(i), false);
+            !(c.is_allow() && r.is_allow())
+        })
+    };
+    // An empty batch of keystrokes, and a waiting tool.
+    for (tool, args) in [
+        ("bash_command", json!({"keystrokes": "", "duration": 30})),
+        ("wait", json!({})),
+    ] {
+        let mut h = H::default();
+        let first = first_flag(&mut h, tool, args.clone(), &|_| screen.to_owned());
+        assert_eq!(first, Some(5), "{tool}: the sixth identical screen");
+        let mut h = H::default();
+        let first = first_flag(&mut h, tool, args, &|i| {
+            format!("{screen}Epoch {}/10\n", i + 2)
+        });
+        assert_eq!(first, None, "{tool}: a changing screen");
+    }
+    let mut h = H::default();
+    assert_eq!(
+        first_flag(&mut h, "bash", json!({"command": "sleep 30"}), &|_| {
+            String::new()
+        }),
+        None
+    );
+}
+
 /// A marker echoed once a command has finished (`echo DONE`, as terminal agents do to see the
 /// terminal is free) is known by what was done before it: the same marker after other work is
 /// no repeat of it; after the same work again and again, it is.

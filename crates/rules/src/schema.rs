@@ -666,7 +666,8 @@ section! {
         /// (re-running tests after an edit)
         modifies: bool = BOOL, "false";
         /// these tools wait (`browser_wait_for`, `sleep`): their calls are never counted by the
-        /// repeat detectors, and the call right after one of them polls (see
+        /// repeat detectors (only one that keeps showing the same thing is, by `no_progress`,
+        /// at twice its threshold), and the call right after one of them polls (see
         /// `shell.wait_commands`)
         waits: bool = BOOL, "false";
     }

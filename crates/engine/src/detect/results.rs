@@ -35,7 +35,9 @@ impl<'a> Tries<'a> {
 
 pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Option<Detection> {
     let r = w.get(k)?;
-    if !p.enabled || !r.real_result() || r.has(flag::WAIT) {
+    // A wait that shows nothing is never counted; one that shows something (a terminal's
+    // screen after a wait, a page after `browser_wait_for`) looks, as a poll does.
+    if !p.enabled || !r.real_result() || (r.has(flag::WAIT) && r.has(flag::EMPTY)) {
         return None;
     }
     let mut count = 1u32;
@@ -54,7 +56,11 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
         count += 1;
         start = i;
     }
-    let threshold = for_record(p.threshold, r);
+    let threshold = if r.has(flag::WAIT) {
+        p.threshold.saturating_mul(super::POLL_SLACK)
+    } else {
+        for_record(p.threshold, r)
+    };
     (count >= needed(threshold, allowance, count, start - k + 1)).then(|| Detection {
         tool: Some(r.tool),
         involved: Involved::Exact(r.exact),

@@ -304,7 +304,9 @@ impl FingerprintRules {
         if self.complex(cmd) {
             keys.poll = self.polls(cmd);
         } else {
-            keys.wait = contains(&sh.wait_commands, first);
+            // Typing nothing into a terminal (a terminal agent's empty batch of keystrokes) waits,
+            // then shows the screen.
+            keys.wait = contains(&sh.wait_commands, first) || cmd.is_empty();
             if contains(&sh.file_read_commands, first)
                 && let Some(path) = single_operand(cmd)
             {
