@@ -2500,6 +2500,22 @@ fn a_terminal_that_only_echoes_what_was_typed_is_the_same_failure_for_every_comm
     }
 }
 
+/// A harness that shows each command before its output shows a silent command alone: a
+/// command that changes files (`mkdir`, `cp`, `sed -i`) printing nothing is no echo.
+#[test]
+fn a_silent_change_shown_with_its_command_is_no_echo() {
+    let mut h = H::default();
+    for cmd in [
+        "mkdir -p build/out",
+        "cp config.example.yaml config.yaml",
+        "sed -i 's/debug: true/debug: false/' config.yaml",
+        "touch build/.stamp",
+    ] {
+        let (c, r) = h.bash(cmd, &format!("{cmd}\n"), false);
+        assert!(c.is_allow() && r.is_allow(), "{cmd}: {r:?}");
+    }
+}
+
 /// Typed lines are kept in snapshots: a session restored between two echoes still knows the
 /// lines typed before, which the next echo shows.
 #[test]

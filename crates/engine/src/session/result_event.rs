@@ -12,8 +12,11 @@ impl Session {
         let Some(k) = self.full_window(now).iter().position(|x| x.call == h) else {
             return Verdict::allow();
         };
+        // A command that changes files is often silent, and a harness that shows each command
+        // before its output would show it alone: only the output of one that changes nothing
+        // is read for an echo.
         let typed = match (&self.typed, self.full_window(now).get(k)) {
-            (Some(t), Some(rec)) if rec.has(flag::SHELL) => t.hashes(),
+            (Some(t), Some(rec)) if rec.has(flag::SHELL) && !rec.has(flag::MODIFY) => t.hashes(),
             _ => &[],
         };
         let outcome = rules.results.outcome_typed(r, typed);
