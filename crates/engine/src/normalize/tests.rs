@@ -3,6 +3,18 @@
 use super::reference::{mask_trying_every_byte, outcome_plain, sketch_plain};
 use super::*;
 
+/// A tool's successful result with no exit code (as chat transcripts and the proxy carry them).
+fn plain_result(output: &str) -> ToolResult<'_> {
+    ToolResult {
+        session: "s",
+        call_id: "c",
+        output,
+        is_error: false,
+        exit_code: None,
+        time_ms: 0,
+    }
+}
+
 fn all() -> Maskers {
     Maskers {
         ansi: true,
@@ -256,16 +268,7 @@ fn long_results_hash_only_the_ends() {
     let r = ResultRules::from_config(&c);
     let mk = |mid: &str| format!("{}{}{}", "a".repeat(300), mid, "b".repeat(300));
     let (x, y) = (mk("middle one"), mk("middle two"));
-    let res = |s: &str| {
-        r.outcome(&ToolResult {
-            session: "s",
-            call_id: "c",
-            output: s,
-            is_error: false,
-            exit_code: None,
-            time_ms: 0,
-        })
-    };
+    let res = |s: &str| r.outcome(&plain_result(s));
     assert_eq!(res(&x).digest, res(&y).digest);
     assert_ne!(res(&x).digest, res("short").digest);
 }
@@ -565,14 +568,7 @@ fn rules() -> &'static [ResultRules; 2] {
 /// The default policy's outcome of a result with no error flag and no exit code, as chat
 /// transcripts and the proxy carry them.
 fn flagless_outcome(output: &str) -> Outcome {
-    rules()[0].outcome(&ToolResult {
-        session: "s",
-        call_id: "c",
-        output,
-        is_error: false,
-        exit_code: None,
-        time_ms: 0,
-    })
+    rules()[0].outcome(&plain_result(output))
 }
 
 fn default_rules() -> ResultRules {
@@ -657,16 +653,7 @@ fn an_error_labelled_with_its_attempts_id_is_the_same_error() {
     let fine = |n: u32| {
         format!("Call id: call_{n}\nObservation:\nExecution logs:\nPage 2 of 41\nLast output: None")
     };
-    let ok = |text: &str| {
-        rules.outcome(&ToolResult {
-            session: "s",
-            call_id: "c",
-            output: text,
-            is_error: false,
-            exit_code: None,
-            time_ms: 0,
-        })
-    };
+    let ok = |text: &str| rules.outcome(&plain_result(text));
     assert_eq!(ok(&fine(1)).digest, ok(&fine(2)).digest);
     assert_ne!(
         ok(&fine(1)).digest,
@@ -694,17 +681,7 @@ fn an_output_of_typed_lines_only_is_an_echo() {
     let rules = ResultRules::from_config(&crate::tests::default_config());
     let echo = |text: &str| {
         rules
-            .outcome_typed(
-                &ToolResult {
-                    session: "s",
-                    call_id: "c",
-                    output: text,
-                    is_error: false,
-                    exit_code: None,
-                    time_ms: 0,
-                },
-                typed.hashes(),
-            )
+            .outcome_typed(&plain_result(text), typed.hashes())
             .echo
     };
     assert!(echo("pwd\n"));
@@ -720,15 +697,7 @@ fn an_output_of_typed_lines_only_is_an_echo() {
     assert!(!echo("\n \n"));
     assert!(!echo(""));
     // No typed lines: nothing is an echo.
-    let plain = rules.outcome(&ToolResult {
-        session: "s",
-        call_id: "c",
-        output: "pwd\n",
-        is_error: false,
-        exit_code: None,
-        time_ms: 0,
-    });
-    assert!(!plain.echo);
+    assert!(!rules.outcome(&plain_result("pwd\n")).echo);
     // At most 8 lines of a command are kept.
     let long = (0..12)
         .map(|i| format!("line {i}"))
