@@ -1379,6 +1379,73 @@ fn commands_that_do_nothing_are_one_call_however_they_are_worded() {
     }
 }
 
+/// What a terminal agent types at a shell that no longer answers: liveness probes (`pwd`,
+/// `echo alive`, an interrupt typed as `C-c`, a variable set) between waits, nothing done and
+/// nothing new shown. The run is stagnation, whether the screens come back empty or the
+/// host recorded none.
+#[test]
+fn a_dead_terminal_probed_between_waits_is_stagnation() {
+    let probes = [
+        "",
+        "pwd",
+        "C-c\npwd",
+        "",
+        "echo alive",
+        "restart=true",
+        "",
+        "echo hi",
+        "C-c\nC-c",
+        "",
+    ];
+    let first_flag = |h: &mut H, with_results: bool| {
+        probes.iter().position(|cmd| {
+            let args = json!({"keystrokes": format!("{cmd}\n"), "duration": 30});
+            let (c, id) = h.call("bash_command", args);
+            let r = if with_results {
+                h.result(&id, "", false)
+            } else {
+                Verdict::allow()
+            };
+            !(c.is_allow() && r.is_allow())
+        })
+    };
+    for with_results in [true, false] {
+        let mut h = H::default();
+        let (c, r) = h.bash("python3 run_pipeline.py --steps 3", "step 1 ok", false);
+        assert!(c.is_allow() && r.is_allow());
+        // The eighth idle call in a row.
+        assert_eq!(first_flag(&mut h, with_results), Some(7), "{with_results}");
+    }
+}
+
+/// Waits and markers beside a job whose screen moves on watch it, and a run of waits alone
+/// shows nothing: neither is stagnation.
+#[test]
+fn waiting_on_a_job_that_moves_on_is_no_stagnation() {
+    let mut h = H::default();
+    for i in 0..12 {
+        let (c, r) = h.run(
+            "bash_command",
+            json!({"keystrokes": "", "duration": 20}),
+            &format!("Collecting packages...\nDownloading wheel {i}/40\n"),
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "wait {i}: {c:?} {r:?}");
+        let (c, r) = h.run(
+            "bash_command",
+            json!({"keystrokes": "echo DONE\n", "duration": 1}),
+            "echo DONE\nDONE\n",
+            false,
+        );
+        assert!(c.is_allow() && r.is_allow(), "marker {i}: {c:?} {r:?}");
+    }
+    let mut h = H::default();
+    for i in 0..12 {
+        let (c, r) = h.run("wait", json!({"seconds": 30}), "", false);
+        assert!(c.is_allow() && r.is_allow(), "wait {i}: {c:?} {r:?}");
+    }
+}
+
 #[test]
 fn an_edit_made_by_a_script_is_an_edit() {
     let fail = "F\n=== FAILURES ===\ntest_parse_empty\nAssertionError: assert None == []\n1 failed, 11 passed in 0.31s";
@@ -2522,7 +2589,7 @@ fn a_silent_change_shown_with_its_command_is_no_echo() {
 fn a_restored_session_still_knows_what_was_typed() {
     let mut h = H::default();
     let screen = |l: &str| format!("{l}\n");
-    for l in ["pwd", "ls"] {
+    for l in ["ls src", "ls"] {
         let (_, r) = h.run("bash", json!({"command": l}), &screen(l), false);
         assert!(r.is_allow());
     }

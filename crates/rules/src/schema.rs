@@ -451,8 +451,10 @@ detectors! {
     Chanting chanting: Chanting = CHANTING, "a repeated sentence or paragraph";
     /// a tool that does not exist called again and again
     UnknownTool unknown_tool: UnknownTool = UNKNOWN_TOOL, "a tool that does not exist";
-    /// shell commands that only look at the state of the work (`shell.state_queries`: `git
-    /// status`, `git diff`, …), one after another with nothing done between them
+    /// calls that do no work, one after another with nothing done between them and nothing new
+    /// shown: shell commands that only look at the state of the work (`shell.state_queries`:
+    /// `git status`, `git diff`, …), waits, and command lines that do nothing (`echo alive`,
+    /// `pwd`, a typed `C-c`), at least two of them no wait
     Stagnation stagnation: Counted = STAGNATION, "looking at the same state again and again";
     ;
     /// one fingerprint repeated across the workers of a group (a swarm); its parameters are the
@@ -568,7 +570,8 @@ detector_section! {
 
 detector_section! {
     Counted in STAGNATION {
-        /// the Nth state query in a row, with no other call between them, is flagged
+        /// the Nth idle call in a row (state queries, waits, command lines that do nothing), with no
+        /// other call between them, is flagged
         threshold: u32 = COUNT, "8";
     }
 }

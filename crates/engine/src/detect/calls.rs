@@ -330,7 +330,7 @@ pub fn detect(
     let at_once = |on: bool, threshold: u32| on && threshold.saturating_add(allowance) <= 1;
     let (pe, pf) = (&d.exact_repeat, &d.fuzzy_repeat);
     let lone_fires = (d.unknown_tool.enabled && unknown)
-        || (d.stagnation.enabled && cur.has(flag::QUERY))
+        || (d.stagnation.enabled && cur.idle())
         || (!waiting && (at_once(pe.enabled, pe.threshold) || at_once(pf.enabled, pf.threshold)));
     if !lone_fires && !shares_keys(w, cur) {
         return None;
@@ -411,35 +411,56 @@ fn shares_keys_or_tool(w: &Window<'_>, cur: &Record) -> bool {
     newer.iter().filter(shares).count() + older.iter().filter(shares).count() > 1
 }
 
-/// The loop key of `stagnation`: one loop per session, however the queries are spelled.
+/// The loop key of `stagnation`: one loop per session, however the idle calls are spelled.
 const STAGNATION_KEY: u64 = 0x5374_6174_6551_7279;
 
 /// `stagnation`: the current call ends a run of at least `threshold` (plus the allowance)
-/// state queries (`flag::QUERY`: `git status`, `git diff`, …) with no other call between
-/// them. Nothing was done between the queries, so the state they show cannot have changed
-/// for the agent's doing, however differently each one asks; any other call (an edit, a test
-/// run, a file read) ends the run.
+/// calls that do no work ([`Record::idle`]: state queries such as `git status`, waits, command
+/// lines that do nothing such as `echo alive` or `pwd`), at least two of them no wait, with no
+/// other call between them and none showing anything new. Nothing was done between them, so
+/// what they show cannot have changed for the agent's doing, however differently each one
+/// asks; any other call (an edit, a test run, a file read) ends the run, and so does a wait
+/// whose result shows something no call before it showed, or a call whose result changed
+/// since its previous run (a background job moving on: watching it is progress). A run of
+/// waits alone is never counted: a wait that shows nothing is no loop.
 pub fn stagnation(w: &Window<'_>, p: &Counted, allowance: u32) -> Option<Detection> {
     let cur = w.get(0)?;
-    if !p.enabled || !cur.has(flag::QUERY) {
+    if !p.enabled || !cur.idle() {
         return None;
     }
     let need = p.threshold.saturating_add(allowance);
     let mut count = 0u32;
+    let mut looks = 0u32;
     let mut start = 0usize;
     for (k, r) in w.iter().enumerate() {
-        if !r.has(flag::QUERY) {
+        if !r.idle() || shows_new(w, k, r) {
             break;
         }
         count += 1;
+        looks += u32::from(!r.has(flag::WAIT));
         start = k;
     }
-    (count >= need).then(|| Detection {
+    (count >= need && looks >= 2).then(|| Detection {
         tool: Some(cur.tool),
-        involved: Involved::Query,
+        involved: Involved::Idle,
         start_seq: w.seq(start),
         ..Detection::new(Det::Stagnation, STAGNATION_KEY, count, p.threshold)
     })
+}
+
+/// Whether the result of `r`, the window's call `k`, shows something new: it changed since
+/// the call's previous run, or `r` is a wait whose result (with something in it) no older
+/// call of the window showed.
+fn shows_new(w: &Window<'_>, k: usize, r: &Record) -> bool {
+    if !r.real_result() || r.has(flag::EMPTY) {
+        return false;
+    }
+    r.has(flag::CHANGED)
+        || (r.has(flag::WAIT)
+            && !w
+                .iter()
+                .skip(k + 1)
+                .any(|o| o.real_result() && o.digest == r.digest))
 }
 
 /// What [`scan`] found: the answers of [`exact_repeat`], [`fuzzy_repeat`], [`interleaved`] and

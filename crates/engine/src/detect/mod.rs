@@ -140,6 +140,15 @@ impl Record {
             || (self.has(flag::CHANGED) && self.real_result())
     }
 
+    /// A call that does no work: a state query (`flag::QUERY`), a wait, or a shell command
+    /// line that does nothing ([`crate::fingerprint::NOOP_FUZZY`]: `echo alive`, `pwd`, a
+    /// typed `C-c`).
+    pub fn idle(&self) -> bool {
+        self.has(flag::QUERY)
+            || self.has(flag::WAIT)
+            || (self.has(flag::SHELL) && self.digest == crate::fingerprint::NOOP_FUZZY)
+    }
+
     /// The call ran and its result arrived (retryable failures included).
     pub fn ran(&self) -> bool {
         self.has(flag::RESULT) && !self.has(flag::BLOCKED)
@@ -212,8 +221,8 @@ pub enum Involved {
     All,
     Tool(u16),
     Test,
-    /// The state queries of a run of them (`flag::QUERY`).
-    Query,
+    /// The calls of a run of calls that do no work ([`Record::idle`]).
+    Idle,
     Digest(u32),
 }
 
@@ -226,7 +235,7 @@ impl Involved {
             Involved::All => true,
             Involved::Tool(t) => r.tool == t,
             Involved::Test => r.has(flag::TEST),
-            Involved::Query => r.has(flag::QUERY),
+            Involved::Idle => r.idle(),
             Involved::Digest(d) => r.real_result() && r.digest == d,
         }
     }

@@ -495,13 +495,20 @@ pub(crate) const NOOP_FUZZY: u32 = 0x6e6f_6f70;
 
 /// Whether a command line does nothing: each of its commands is `true`, `:`, or `echo` /
 /// `printf` of literal words (no `$`, no backquote, no redirection, no glob), so what it
-/// prints is its own text and it changes nothing.
+/// prints is its own text and it changes nothing; or it only shows where and who the shell is
+/// (`pwd`, `whoami`, `hostname`, `date`), clears the screen, sets shell variables to literal
+/// values (`restart=true`), or is a terminal's key name typed as a line (`C-c`, `Enter`: what
+/// a terminal agent sends to interrupt or to wake a screen).
 pub(crate) fn noop(cmd: &str) -> bool {
     // Most command lines start with a command that does something: settled by the first word.
     let first = cmd.split_ascii_whitespace().next().unwrap_or("");
-    if !matches!(first, "true" | ":" | "echo" | "printf")
-        && !first.eq_ignore_ascii_case("cmd")
+    if !matches!(
+        first,
+        "true" | ":" | "echo" | "printf" | "pwd" | "whoami" | "hostname" | "date" | "clear"
+    ) && !first.eq_ignore_ascii_case("cmd")
         && !first.eq_ignore_ascii_case("cmd.exe")
+        && !key_name(first)
+        && !assignment(first)
     {
         return false;
     }
@@ -526,13 +533,47 @@ pub(crate) fn noop(cmd: &str) -> bool {
         {
             first = words.next();
         }
-        match first {
-            None => {}
-            Some("true" | ":" | "echo" | "printf") => any = true,
-            Some(_) => return false,
+        let idle = match first {
+            None => continue,
+            Some("true" | ":" | "echo" | "printf") => true,
+            Some("pwd") => words.all(|w| matches!(w, "-L" | "-P")),
+            Some("whoami" | "hostname" | "clear") => words.next().is_none(),
+            // Formats only: `date -s` sets the clock.
+            Some("date") => words.all(|w| {
+                w.starts_with('+') || matches!(w, "-u" | "-R" | "--utc") || w.starts_with("-I")
+            }),
+            Some(w) if key_name(w) => words.next().is_none(),
+            Some(w) => assignment(w) && words.all(assignment),
+        };
+        if !idle {
+            return false;
         }
+        any = true;
     }
     any
+}
+
+/// A terminal's name for a key (tmux's spelling, as terminal agents send keys): `C-c`, `M-x`,
+/// `Enter`, `Escape`.
+fn key_name(w: &str) -> bool {
+    match w.as_bytes() {
+        [b'C' | b'M', b'-', k] => k.is_ascii_alphabetic(),
+        _ => matches!(
+            w,
+            "Enter" | "Escape" | "Tab" | "BSpace" | "Up" | "Down" | "Left" | "Right"
+        ),
+    }
+}
+
+/// `NAME=value`: a shell variable set (the value's bytes are checked by the caller).
+fn assignment(w: &str) -> bool {
+    let Some((name, _)) = w.split_once('=') else {
+        return false;
+    };
+    let mut b = name.bytes();
+    b.next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
 }
 
 /// The command segments of a command line (between `\n`, `;`, `|`, `&` and `(`). The

@@ -810,3 +810,42 @@ proptest! {
         prop_assert_ne!(kx.fuzzy, ky.fuzzy);
     }
 }
+
+/// Command lines that change nothing and show nothing of the work: what they print is their
+/// own text or where and who the shell is.
+#[test]
+fn lines_that_only_show_the_shell_do_nothing() {
+    use super::shell::noop;
+    for cmd in [
+        "echo alive",
+        "pwd",
+        "pwd -P",
+        "whoami",
+        "date",
+        "date +%s",
+        "date -u",
+        "clear",
+        "C-c",
+        "C-c\npwd",
+        "Enter",
+        "restart=true",
+        "A=1 B=two",
+        "true && echo ok",
+    ] {
+        assert!(noop(cmd), "{cmd}");
+    }
+    for cmd in [
+        "date -s '2020-01-01'",
+        "hostname build-box",
+        "FOO=1 make",
+        "pwd; rm -rf build",
+        "echo $HOME",
+        "C-c\npython3 app.py",
+        "ls",
+        "C-cc",
+        "1x=2",
+        "x=$(id)",
+    ] {
+        assert!(!noop(cmd), "{cmd}");
+    }
+}
