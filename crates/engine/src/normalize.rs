@@ -153,7 +153,6 @@ impl ResultRules {
 
     /// Normalizes, hashes and classifies a result. Uses a per-thread buffer, so nothing is
     /// allocated per result in steady state.
-    #[cfg(test)]
     pub fn outcome(&self, r: &ToolResult<'_>) -> Outcome {
         self.outcome_typed(r, &[])
     }

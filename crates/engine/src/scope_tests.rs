@@ -658,7 +658,7 @@ fn a_restored_session_keeps_its_count_of_rejected_turns() {
         "find: src: No such file or directory",
     ] {
         let straight = first_flag(None, rejection);
-        assert_eq!(straight, Some(3), "the 4th rejected turn: {rejection}");
+        assert_eq!(straight, Some(2), "the 3rd rejected turn: {rejection}");
         for cut in 1..4 {
             assert_eq!(
                 first_flag(Some(cut), rejection),

@@ -1840,8 +1840,8 @@ fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
     let rejection = "exitcode: 1 (execution failed)\nCode output: \nunknown language yaml";
     assert_eq!(
         first_flag(&|_| rejection.to_owned()),
-        Some(4),
-        "the 4th turn answered by the same rejection"
+        Some(3),
+        "the 3rd turn answered by the same rejection"
     );
     // Replies that differ leave the monologue at its own threshold.
     assert_eq!(
@@ -1850,6 +1850,33 @@ fn turns_each_answered_by_the_same_automated_reply_are_a_monologue_sooner() {
     );
     // A prompt to go on rejects nothing: the next turn may be new work.
     assert_eq!(first_flag(&|_| "Please continue.".to_owned()), Some(6));
+}
+
+/// A coding agent's host rejecting turns without a tool call (Cline, Roo Code, Kilo Code) sends
+/// the same rejection each time with its environment block (a clock, a cost) after it: the
+/// same rejection all the same.
+#[test]
+fn the_same_rejection_with_a_clock_after_it_is_the_same_reply() {
+    let rejection = |i: usize| {
+        format!(
+            "[ERROR] You did not use a tool in your previous response! Please retry with a tool \
+             use.\n\n# Next Steps\n\nIf you have completed the user's task, use the \
+             attempt_completion tool.\n(This is an automated message, so do not respond to it \
+             conversationally.)\n<environment_details>\n# Current Time\nCurrent time in \
+             ISO 8601 UTC format: 2025-11-24T13:5{i}:0{i}.873Z\n\n# Current Cost\n${i}.0{i}\n\
+             </environment_details>"
+        )
+    };
+    let mut h = H::default();
+    let mut flagged = None;
+    for (i, turn) in ["", "I will write the report now:", ""].iter().enumerate() {
+        let v = h.text(turn, false, false);
+        if flagged.is_none() && det(&v) == Some("monologue") {
+            flagged = Some(i + 1);
+        }
+        h.user(&rejection(i), false);
+    }
+    assert_eq!(flagged, Some(3));
 }
 
 /// Three searches failing the same way, the `i`th after the user message `prompt(i)`: whether
@@ -1970,7 +1997,7 @@ fn a_hosts_reminder_inside_a_result_is_no_output_of_the_tool() {
 /// A check the host runs after every turn, failing the same way each time, answered as a user
 /// message (Aider reflecting a failing test command's output): short as it is, its second
 /// sending in the same words is the host's reply rejecting the turn, and so was the first.
-/// Four turns each rejected alike are a monologue (`monologue.same_reply_threshold`).
+/// Three turns each rejected alike are a monologue (`monologue.same_reply_threshold`).
 #[test]
 fn turns_each_rejected_by_the_same_short_check_output_are_a_monologue_sooner() {
     let first_flag = |reply: &str| {
@@ -1991,7 +2018,7 @@ fn turns_each_rejected_by_the_same_short_check_output_are_a_monologue_sooner() {
         }
         flagged
     };
-    assert_eq!(first_flag("find: src: No such file or directory"), Some(4));
+    assert_eq!(first_flag("find: src: No such file or directory"), Some(3));
     // A person's short answer, the same each time, rejects nothing: each one is an answer.
     assert_eq!(first_flag("ok, go ahead"), None);
 }

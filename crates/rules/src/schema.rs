@@ -586,7 +586,7 @@ detector_section! {
         /// turns before it were each answered by the same automated reply that rejects them (a
         /// framework failing or refusing them the same way: `exitcode: 1 … unknown language`,
         /// `Invalid or incomplete response`)
-        same_reply_threshold: u32 = COUNT, "4";
+        same_reply_threshold: u32 = COUNT, "3";
         /// regexes on an automated reply that mean it rejects the turn it answers (a prompt to
         /// go on, `continue`, rejects nothing: the next turn may well be new work)
         reject_patterns: Vec<Regex> = REGEXES,

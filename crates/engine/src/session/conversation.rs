@@ -106,20 +106,42 @@ impl Session {
                 ts.monologue = ts.monologue.saturating_add(ts.ended_by_person);
                 ts.ended_by_person = 0;
                 if rejecting {
-                    ts.reply = hash;
+                    ts.reply = self
+                        .rules
+                        .results
+                        .outcome(&ToolResult {
+                            session: u.session,
+                            call_id: "",
+                            output: text,
+                            is_error: true,
+                            exit_code: None,
+                            time_ms: u.time_ms,
+                        })
+                        .digest;
                     ts.same_replies = 1;
                 }
             }
             // A reply rejecting a turn without a tool call: the same one as the last such
-            // reply counts towards `monologue.same_reply_threshold`.
+            // reply counts towards `monologue.same_reply_threshold`. Replies are compared as
+            // failures of a tool are, by their signature once noise is masked and what a host
+            // adds is dropped: a clock or a cost in the reply makes it no other rejection.
             if let Some(ts) = &mut self.text {
                 if ts.monologue > 0 && rejecting {
-                    ts.same_replies = if ts.same_replies > 0 && hash == ts.reply {
+                    let reply = self.rules.results.outcome(&ToolResult {
+                        session: u.session,
+                        call_id: "",
+                        output: text,
+                        is_error: true,
+                        exit_code: None,
+                        time_ms: u.time_ms,
+                    });
+                    let reply = reply.digest;
+                    ts.same_replies = if ts.same_replies > 0 && reply == ts.reply {
                         ts.same_replies.saturating_add(1)
                     } else {
                         1
                     };
-                    ts.reply = hash;
+                    ts.reply = reply;
                 } else {
                     ts.same_replies = 0;
                 }
