@@ -97,6 +97,22 @@ impl Session {
         };
         let again = digest != 0 && digest == self.last_user;
         if u.injected || again || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
+            // A rejection is known as a tool's failure is, by its signature once noise is
+            // masked and what a host adds is dropped: a clock or a cost in the reply makes it
+            // no other rejection.
+            let reply = rejecting.then(|| {
+                self.rules
+                    .results
+                    .outcome(&ToolResult {
+                        session: u.session,
+                        call_id: "",
+                        output: text,
+                        is_error: true,
+                        exit_code: None,
+                        time_ms: u.time_ms,
+                    })
+                    .digest
+            });
             if let Some(ts) = &mut self.text
                 && again
                 && ts.ended_by_person > 0
@@ -105,37 +121,15 @@ impl Session {
                 // it was the same reply to them.
                 ts.monologue = ts.monologue.saturating_add(ts.ended_by_person);
                 ts.ended_by_person = 0;
-                if rejecting {
-                    ts.reply = self
-                        .rules
-                        .results
-                        .outcome(&ToolResult {
-                            session: u.session,
-                            call_id: "",
-                            output: text,
-                            is_error: true,
-                            exit_code: None,
-                            time_ms: u.time_ms,
-                        })
-                        .digest;
+                if let Some(reply) = reply {
+                    ts.reply = reply;
                     ts.same_replies = 1;
                 }
             }
             // A reply rejecting a turn without a tool call: the same one as the last such
-            // reply counts towards `monologue.same_reply_threshold`. Replies are compared as
-            // failures of a tool are, by their signature once noise is masked and what a host
-            // adds is dropped: a clock or a cost in the reply makes it no other rejection.
+            // reply counts towards `monologue.same_reply_threshold`.
             if let Some(ts) = &mut self.text {
-                if ts.monologue > 0 && rejecting {
-                    let reply = self.rules.results.outcome(&ToolResult {
-                        session: u.session,
-                        call_id: "",
-                        output: text,
-                        is_error: true,
-                        exit_code: None,
-                        time_ms: u.time_ms,
-                    });
-                    let reply = reply.digest;
+                if let Some(reply) = reply.filter(|_| ts.monologue > 0) {
                     ts.same_replies = if ts.same_replies > 0 && reply == ts.reply {
                         ts.same_replies.saturating_add(1)
                     } else {
