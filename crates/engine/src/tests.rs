@@ -1879,6 +1879,55 @@ fn the_same_rejection_with_a_clock_after_it_is_the_same_reply() {
     assert_eq!(flagged, Some(3));
 }
 
+/// The same check asked again and again, typed with other spacing around its `&&` each time
+/// (`cd repo&& git status -sb`, `cd repo && git status -sb`), is one call.
+#[test]
+fn the_same_command_spaced_otherwise_is_a_repeat() {
+    let mut h = H::default();
+    let first = [
+        "cd /srv/app&& git status -sb",
+        "cd /srv/app && git status -sb",
+        "cd /srv/app&& git status -sb",
+        "cd /srv/app && git status -sb",
+        "cd /srv/app &&git status -sb",
+    ]
+    .iter()
+    .position(|cmd| {
+        let (c, r) = h.bash(cmd, "## main...origin/main", false);
+        !(c.is_allow() && r.is_allow())
+    });
+    assert_eq!(first, Some(3), "the fourth check");
+}
+
+/// A pipeline that numbers its retries (`Attempt 2 failed validation`) sends the same reply
+/// each time: from its second sending on it is the pipeline's, not a person's, and the turns
+/// it rejects add up.
+#[test]
+fn a_reply_numbering_its_attempts_is_the_same_reply() {
+    let reply = |n: usize| {
+        format!(
+            "<validation-feedback>\nAttempt {n} failed validation.\n\nThe output file \
+             `./out.json` does not exist yet.\n</validation-feedback>\n\nOutput the result as \
+             JSON to: `./out.json`"
+        )
+    };
+    let mut h = H::default();
+    let mut flagged = None;
+    for (n, turn) in (1..).zip([
+        "Your message only pastes a task; tell me if you want me to run it.",
+        "I still have not created any files; there is no request of yours in this one.",
+        "This is the same pipeline retry again, so I am leaving things as they are.",
+        "Attempt 3 failed for the same reason; reply in your own words to go on.",
+    ]) {
+        let v = h.text(turn, false, false);
+        if flagged.is_none() && det(&v) == Some("monologue") {
+            flagged = Some(n);
+        }
+        h.user(&reply(n), false);
+    }
+    assert_eq!(flagged, Some(3));
+}
+
 /// Three searches failing the same way, the `i`th after the user message `prompt(i)`: whether
 /// any of them is flagged.
 fn failing_greps(prompt: &dyn Fn(usize) -> String) -> bool {

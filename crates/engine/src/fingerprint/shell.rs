@@ -316,9 +316,16 @@ impl FingerprintRules {
             }
         }
         // Collapsing whitespace trims; otherwise the hash is reusable only if nothing was trimmed.
-        let text = text
-            .filter(|_| self.collapse_whitespace || cmd.len() == untrimmed)
-            .unwrap_or_else(|| self.text_hash(cmd, false));
+        // With whitespace collapsed, spaces around the operators joining commands are no part
+        // of the command line either: `cd repo && git status` is `cd repo&&git status`.
+        let text = if self.collapse_whitespace
+            && memchr::memchr3(b'&', b'|', b';', cmd.as_bytes()).is_some()
+        {
+            operators_tight_hash(cmd)
+        } else {
+            text.filter(|_| self.collapse_whitespace || cmd.len() == untrimmed)
+                .unwrap_or_else(|| self.text_hash(cmd, false))
+        };
         keys.fuzzy = mix(tag::SHELL, text);
     }
 
@@ -399,6 +406,41 @@ impl FingerprintRules {
         }
         any
     }
+}
+
+/// The hash of a command line with its whitespace collapsed and none around `&`, `|` and `;`
+/// outside quotes, so that `a && b`, `a&&b` and `a  &&  b` are one line.
+fn operators_tight_hash(cmd: &str) -> u64 {
+    super::canonical::with_scratch(|buf| {
+        let mut quote = None;
+        let mut space = false;
+        for &c in cmd.trim().as_bytes() {
+            match quote {
+                Some(q) => {
+                    buf.push(c);
+                    if c == q {
+                        quote = None;
+                    }
+                    continue;
+                }
+                None if c.is_ascii_whitespace() => {
+                    space = true;
+                    continue;
+                }
+                None => {}
+            }
+            let operator = matches!(c, b'&' | b'|' | b';');
+            if space && !operator && !buf.last().is_some_and(|l| matches!(l, b'&' | b'|' | b';')) {
+                buf.push(b' ');
+            }
+            space = false;
+            if matches!(c, b'\'' | b'"') {
+                quote = Some(c);
+            }
+            buf.push(c);
+        }
+        crate::hash::hash_bytes(tag::TEXT, buf)
+    })
 }
 
 /// Whether a command segment only changes the directory (`cd dir`, `pushd dir`).

@@ -849,3 +849,26 @@ fn lines_that_only_show_the_shell_do_nothing() {
         assert!(!noop(cmd), "{cmd}");
     }
 }
+
+/// Spaces around the operators joining commands are no part of a command line; inside quotes
+/// they are.
+#[test]
+fn spacing_around_shell_operators_is_ignored() {
+    let fuzzy = |cmd: &str| keys("bash", &json!({ "command": cmd })).fuzzy;
+    let same = [
+        "cd /srv/app && git status -sb",
+        "cd /srv/app&& git status -sb",
+        "cd /srv/app&&git status -sb",
+        "  cd /srv/app  &&   git status -sb ",
+    ];
+    for cmd in same {
+        assert_eq!(fuzzy(cmd), fuzzy(same[0]), "{cmd}");
+    }
+    assert_eq!(fuzzy("ls | wc -l; pwd"), fuzzy("ls|wc -l ;pwd"));
+    assert_ne!(fuzzy("grep 'a | b' log.txt"), fuzzy("grep 'a|b' log.txt"));
+    assert_ne!(
+        fuzzy("cd /srv/app && git status"),
+        fuzzy("cd /srv/ap && pgit status")
+    );
+    assert_ne!(fuzzy("a && b"), fuzzy("a & b"));
+}

@@ -89,9 +89,18 @@ impl Session {
         let text = u.text.trim();
         let rejects = &self.rules.config.detectors.monologue.reject_patterns;
         let rejecting = rejects.iter().any(|re| re.is_match(text));
-        let hash = crate::hash::hash_str(text);
+        // Said again is judged as a tool's output is, once noise is masked: a counter or a
+        // clock in it (`Attempt 2 failed validation`) makes it no other message.
         let digest = if said_again_length(text) || rejecting {
-            hash | 1
+            let same = self.rules.results.outcome(&ToolResult {
+                session: u.session,
+                call_id: "",
+                output: text,
+                is_error: false,
+                exit_code: Some(0),
+                time_ms: u.time_ms,
+            });
+            same.digest | 1
         } else {
             0
         };
