@@ -112,6 +112,24 @@ impl H {
         }))
     }
 
+    /// Says each of `turns` without a tool call, each answered by the user message
+    /// `reply(n)` (`n` from 1): the turn (from 1) first flagged a monologue.
+    fn first_monologue(
+        &mut self,
+        turns: &[&str],
+        reply: impl Fn(usize) -> String,
+    ) -> Option<usize> {
+        let mut flagged = None;
+        for (n, turn) in (1..).zip(turns) {
+            let v = self.text(turn, false, false);
+            if flagged.is_none() && det(&v) == Some("monologue") {
+                flagged = Some(n);
+            }
+            self.user(&reply(n), false);
+        }
+        flagged
+    }
+
     fn flags(&self) -> u32 {
         self.engine
             .with_session(&self.session, |s| s.flags())
@@ -1868,15 +1886,8 @@ fn the_same_rejection_with_a_clock_after_it_is_the_same_reply() {
         )
     };
     let mut h = H::default();
-    let mut flagged = None;
-    for (i, turn) in ["", "I will write the report now:", ""].iter().enumerate() {
-        let v = h.text(turn, false, false);
-        if flagged.is_none() && det(&v) == Some("monologue") {
-            flagged = Some(i + 1);
-        }
-        h.user(&rejection(i), false);
-    }
-    assert_eq!(flagged, Some(3));
+    let turns = ["", "I will write the report now:", ""];
+    assert_eq!(h.first_monologue(&turns, |n| rejection(n - 1)), Some(3));
 }
 
 /// The same check asked again and again, typed with other spacing around its `&&` each time
@@ -1911,21 +1922,13 @@ fn a_reply_numbering_its_attempts_is_the_same_reply() {
              JSON to: `./out.json`"
         )
     };
-    let mut h = H::default();
-    let mut flagged = None;
-    for (n, turn) in (1..).zip([
+    let turns = [
         "Your message only pastes a task; tell me if you want me to run it.",
         "I still have not created any files; there is no request of yours in this one.",
         "This is the same pipeline retry again, so I am leaving things as they are.",
         "Attempt 3 failed for the same reason; reply in your own words to go on.",
-    ]) {
-        let v = h.text(turn, false, false);
-        if flagged.is_none() && det(&v) == Some("monologue") {
-            flagged = Some(n);
-        }
-        h.user(&reply(n), false);
-    }
-    assert_eq!(flagged, Some(3));
+    ];
+    assert_eq!(H::default().first_monologue(&turns, reply), Some(3));
 }
 
 /// Three searches failing the same way, the `i`th after the user message `prompt(i)`: whether
@@ -2050,22 +2053,14 @@ fn a_hosts_reminder_inside_a_result_is_no_output_of_the_tool() {
 #[test]
 fn turns_each_rejected_by_the_same_short_check_output_are_a_monologue_sooner() {
     let first_flag = |reply: &str| {
-        let mut h = H::default();
-        let mut flagged = None;
-        for (n, turn) in (1..).zip([
+        let turns = [
             "Creating the three module files now, then a compile check.",
             "The directory is missing, so I will output the same files again.",
             "The error means src is missing; here are the files once more.",
             "The error means src is missing; here are the files once more.",
             "Writing all three files again with the full contents.",
-        ]) {
-            let v = h.text(turn, false, false);
-            if flagged.is_none() && det(&v) == Some("monologue") {
-                flagged = Some(n);
-            }
-            h.user(reply, false);
-        }
-        flagged
+        ];
+        H::default().first_monologue(&turns, |_| reply.to_owned())
     };
     assert_eq!(first_flag("find: src: No such file or directory"), Some(3));
     // A person's short answer, the same each time, rejects nothing: each one is an answer.
@@ -2079,8 +2074,6 @@ fn turns_each_rejected_by_the_same_short_check_output_are_a_monologue_sooner() {
 fn turns_each_followed_by_the_same_long_prompt_are_a_monologue() {
     let prompt = "Proceed. You can run code on this machine. If the whole task is done, say \
                   exactly 'The task is done.' Otherwise keep going.";
-    let mut h = H::default();
-    let mut flagged = None;
     let plans = [
         "I will load the file with pandas and plot the totals.",
         "First I read the CSV file, then I draw a bar chart.",
@@ -2091,13 +2084,7 @@ fn turns_each_followed_by_the_same_long_prompt_are_a_monologue() {
         "Next step: load the rows and show them as a graph.",
         "I will now read the CSV and produce the figure.",
     ];
-    for (n, plan) in (1..).zip(plans) {
-        let v = h.text(plan, false, false);
-        if flagged.is_none() && det(&v) == Some("monologue") {
-            flagged = Some(n);
-        }
-        h.user(prompt, false);
-    }
+    let flagged = H::default().first_monologue(&plans, |_| prompt.to_owned());
     // The first prompt is taken for a person's until its second sending shows it is the
     // host's: then the turn it ended counts again, and the 6th turn is a monologue.
     assert_eq!(flagged, Some(6));
