@@ -244,7 +244,10 @@ impl ResultRules {
         // A failure is known by its signature, its first and last lines and the first line
         // between them that names an error ([`names_error`]): the same error for different
         // attempts (other content, other arguments echoed in between) is the same outcome,
-        // while a harness's fixed header and footer around another error are not.
+        // while a harness's fixed header and footer around another error are not. A failure
+        // that ends with an exception (`TypeError: …`, [`exception_at`]) is known by that
+        // exception alone: what comes before it is the code, the location or the output that
+        // led there.
         let (digest, named_key) = if error {
             let mut lines = masked
                 .lines()
@@ -258,10 +261,16 @@ impl ResultRules {
                 lines.take(SIGNATURE_SCAN_LINES).find(|l| names_error(l))
             };
             let mut h = StreamHasher::new();
-            h.byte(1);
-            signature_line(&mut h, first.as_bytes());
-            h.byte(b'\n');
-            signature_line(&mut h, last.as_bytes());
+            let ending = if last.is_empty() { first } else { last };
+            if let Some(at) = exception_at(ending) {
+                h.byte(3);
+                signature_line(&mut h, &ending.as_bytes()[at..]);
+            } else {
+                h.byte(1);
+                signature_line(&mut h, first.as_bytes());
+                h.byte(b'\n');
+                signature_line(&mut h, last.as_bytes());
+            }
             let named_key = named.map_or(0, |named| {
                 h.byte(b'\n');
                 signature_line(&mut h, named.as_bytes());
@@ -381,6 +390,40 @@ fn names_error(line: &str) -> bool {
         })
     };
     typed(b"Error") || typed(b"Exception")
+}
+
+/// Where the last exception named in `line` starts: a type of letters, digits, `_` and `.`
+/// whose last part ends in `Error` or `Exception` after a letter (`TypeError`,
+/// `sqlite3.OperationalError`, `java.lang.NullPointerException`), followed by `:` or ending the
+/// line. A type followed by anything else (`raise ValueError(msg)`, `ValueError is raised`) is
+/// mentioned, not thrown.
+fn exception_at(line: &str) -> Option<usize> {
+    let b = line.as_bytes();
+    if b.len() > 1000 {
+        return None;
+    }
+    let mut found = None;
+    for suffix in [&b"Error"[..], b"Exception"] {
+        for at in memchr::memmem::find_iter(b, suffix) {
+            let end = at + suffix.len();
+            if at == 0
+                || !b[at - 1].is_ascii_alphabetic()
+                || !matches!(b.get(end), None | Some(b':'))
+            {
+                continue;
+            }
+            let mut start = at;
+            while start > 0
+                && (b[start - 1].is_ascii_alphanumeric() || matches!(b[start - 1], b'_' | b'.'))
+            {
+                start -= 1;
+            }
+            if found.is_none_or(|f| start > f) {
+                found = Some(start);
+            }
+        }
+    }
+    found
 }
 
 /// Bytes read from the end of a result for `results.error_tail_patterns`.

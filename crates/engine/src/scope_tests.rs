@@ -589,7 +589,7 @@ fn a_session_snapshot_round_trips_through_json() {
         result(&engine, "s", &id, "error[E0425]", true, i * 10 + 1);
     }
     let snap = engine.snapshot_session("s").unwrap();
-    assert_eq!(snap["version"], 2);
+    assert_eq!(snap["version"], 3);
     assert_eq!(snap["settings"]["max_repeats"], 4);
     assert_eq!(snap["group"]["worker"], "w1");
     let text = serde_json::to_string(&snap).unwrap();
@@ -689,12 +689,12 @@ fn snapshot_versions_and_corruption_are_refused_clearly() {
         );
         err
     };
-    let newer = with(&|v| v["version"] = json!(3));
+    let newer = with(&|v| v["version"] = json!(4));
     assert!(matches!(
         newer,
         SnapshotError::Version(VersionError::TooNew {
-            found: 3,
-            supported: 2,
+            found: 4,
+            supported: 3,
             ..
         })
     ));

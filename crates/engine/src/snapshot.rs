@@ -39,9 +39,9 @@ use serde_json::{Map, Value};
 /// reads and the migrations between them.
 pub const SNAPSHOT: Format = Format {
     what: "snapshot",
-    current: 2,
+    current: 3,
     oldest: 1,
-    migrations: &[v1_to_v2],
+    migrations: &[v1_to_v2, v2_to_v3],
 };
 
 /// Version 2 keys a failure's near-duplicate sketch by the error line it names
@@ -74,6 +74,15 @@ fn v1_to_v2(mut fields: Map<String, Value>) -> Result<Map<String, Value>, String
         }
         _ => window(&mut fields),
     }
+    Ok(fields)
+}
+
+/// Version 3 knows a failure that ends with an exception by that exception alone
+/// ([`crate::normalize`]). A version-2 failure keeps its digest: it still matches the failures
+/// restored with it, and its sketch (keyed as before) the near-duplicate failures that follow;
+/// only an exact match of a version-2 failure ending with an exception and the same failure
+/// after the restore is lost. The body is the same.
+fn v2_to_v3(fields: Map<String, Value>) -> Result<Map<String, Value>, String> {
     Ok(fields)
 }
 
@@ -118,7 +127,7 @@ pub(crate) fn open<T: for<'de> Deserialize<'de>>(snapshot: &Value) -> Result<T, 
         .map_err(|e| SnapshotError::Malformed(e.to_string()))
 }
 
-/// A session's state (versions 1 and 2 share this shape; see [`v1_to_v2`]).
+/// A session's state (versions 1 to 3 share this shape; see [`v1_to_v2`], [`v2_to_v3`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SessionV1 {
@@ -314,7 +323,7 @@ pub(crate) struct CallRefV1 {
     pub call_id: String,
 }
 
-/// A whole engine (versions 1 and 2): its sessions by id, and its in-memory group state.
+/// A whole engine (versions 1 to 3): its sessions by id, and its in-memory group state.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EngineV1 {

@@ -392,7 +392,7 @@ fn near_duplicate_rejections_naming_other_errors_are_different_outcomes() {
 }
 
 /// Version 1 sketched failures without their named error line: restored, such a failure
-/// keeps its digest but no sketch, and the snapshot written back is version 2.
+/// keeps its digest but no sketch, and the snapshot written back is the current version.
 #[test]
 fn a_version_1_snapshot_drops_the_sketches_of_its_failures() {
     let mut h = H::default();
@@ -403,7 +403,7 @@ fn a_version_1_snapshot_drops_the_sketches_of_its_failures() {
     );
     let (_, _) = h.bash("cat notes.txt", &PROPOSAL.repeat(2), false);
     let snap = h.engine.snapshot_session("s").unwrap();
-    assert_eq!(snap["version"], 2);
+    assert_eq!(snap["version"], 3);
     let flags = |s: &Value| -> Vec<u64> {
         s["window"]
             .as_array()
@@ -419,7 +419,7 @@ fn a_version_1_snapshot_drops_the_sketches_of_its_failures() {
     let restored = Engine::new(default_config());
     restored.restore_session("s", &old).unwrap();
     let back = restored.snapshot_session("s").unwrap();
-    assert_eq!(back["version"], 2);
+    assert_eq!(back["version"], 3);
     let kept: Vec<bool> = flags(&back).into_iter().map(sketched).collect();
     assert_eq!(
         kept,
@@ -445,6 +445,30 @@ fn a_version_1_snapshot_drops_the_sketches_of_its_failures() {
         flags(&back).into_iter().map(sketched).collect::<Vec<_>>(),
         [false, true]
     );
+}
+
+/// Version 2 knew a failure ending with an exception by its first and last lines: restored,
+/// such a failure keeps its digest and its sketch, and the snapshot written back is version 3.
+#[test]
+fn a_version_2_snapshot_keeps_its_failures() {
+    let mut h = H::default();
+    let trace =
+        "Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\nValueError: bad";
+    let (_, _) = h.bash("python t.py", trace, true);
+    let (_, _) = h.bash("cat notes.txt", &PROPOSAL.repeat(2), false);
+    let snap = h.engine.snapshot_session("s").unwrap();
+    let mut old = snap.clone();
+    old["version"] = json!(2);
+    let restored = Engine::new(default_config());
+    restored.restore_session("s", &old).unwrap();
+    let back = restored.snapshot_session("s").unwrap();
+    assert_eq!(back["version"], 3);
+    assert_eq!(back["window"], snap["window"]);
+    old["version"] = json!(4);
+    assert!(matches!(
+        Engine::new(default_config()).restore_session("s", &old),
+        Err(crate::SnapshotError::Version(_))
+    ));
 }
 
 #[test]

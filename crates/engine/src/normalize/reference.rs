@@ -560,10 +560,16 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
                 .find(|l| super::names_error(l))
         };
         let mut h = StreamHasher::new();
-        h.byte(1);
-        signature_line(&mut h, first.as_bytes());
-        h.byte(b'\n');
-        signature_line(&mut h, last.as_bytes());
+        let ending = if last.is_empty() { first } else { last };
+        if let Some(at) = exception_plain(ending) {
+            h.byte(3);
+            signature_line(&mut h, &ending.as_bytes()[at..]);
+        } else {
+            h.byte(1);
+            signature_line(&mut h, first.as_bytes());
+            h.byte(b'\n');
+            signature_line(&mut h, last.as_bytes());
+        }
         let mut named_key = 0;
         if let Some(named) = named {
             h.byte(b'\n');
@@ -586,6 +592,40 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         retryable: error && rules.retryable.iter().any(|re| re.is_match(buf)),
         echo: false,
     }
+}
+
+/// Where the last exception thrown in `line` starts, written plainly: a word of `Error` or
+/// `Exception` after a letter, then `:` or the line's end, with the letters, digits, `_` and `.`
+/// before it.
+fn exception_plain(line: &str) -> Option<usize> {
+    if line.len() > 1000 {
+        return None;
+    }
+    let b = line.as_bytes();
+    let mut found = None;
+    for end in 0..=b.len() {
+        if end < b.len() && b[end] != b':' {
+            continue;
+        }
+        for suffix in ["Error", "Exception"] {
+            let Some(at) = end.checked_sub(suffix.len()) else {
+                continue;
+            };
+            if at == 0 || &b[at..end] != suffix.as_bytes() || !b[at - 1].is_ascii_alphabetic() {
+                continue;
+            }
+            let mut start = at;
+            while start > 0
+                && (b[start - 1].is_ascii_alphanumeric()
+                    || b[start - 1] == b'_'
+                    || b[start - 1] == b'.')
+            {
+                start -= 1;
+            }
+            found = Some(start);
+        }
+    }
+    found
 }
 
 /// Hashes a line of an error with its quoted parts as `<q>`: an error that echoes what it was

@@ -211,6 +211,72 @@ fn a_failure_signature_holds_the_line_naming_its_error() {
     }
 }
 
+/// A code agent's interpreter quotes the failing code before the exception it raised: the same
+/// exception behind four ways of writing the lookup had four signatures.
+#[test]
+fn a_failure_ending_with_an_exception_is_known_by_it() {
+    let out = |output: &str| {
+        rules()[0].outcome(&ToolResult {
+            is_error: true,
+            ..plain_result(output)
+        })
+    };
+    let failed = |line: &str, exception: &str| {
+        out(&format!(
+            "Code execution failed at line '{line}' due to: InterpreterError: Could not index {{\"a\": 1}} with \n'a': {exception}"
+        ))
+    };
+    let string_index = "TypeError: string indices must be integers, not 'str'";
+    let one = failed("x = f()['a']", string_index);
+    let quoted = failed("x = f()[\"a\"]", string_index);
+    let multiline = failed("s = (\n    f\"{d['a']}\"\n)", string_index);
+    assert!(one.error);
+    assert_eq!(one.digest, quoted.digest);
+    assert_eq!(one.digest, multiline.digest);
+    assert_ne!(one.digest, failed("x = f()['a']", "KeyError: 'a'").digest);
+    assert_ne!(
+        one.digest,
+        failed(
+            "x = f()['a']",
+            "TypeError: 'NoneType' object is not subscriptable"
+        )
+        .digest
+    );
+    // A one-line failure is known by its exception too.
+    assert_eq!(
+        out("Code execution failed at line 'y = g(1)' due to: NameError: name 'g' is not defined")
+            .digest,
+        out(
+            "Code execution failed at line 'z = g(a, b)' due to: NameError: name 'g' is not defined"
+        )
+        .digest
+    );
+    // An exception only mentioned, or an output that does not end with one, keeps its ends.
+    assert_ne!(
+        out("check a\nraise ValueError(msg)").digest,
+        out("check b\nraise ValueError(msg)").digest
+    );
+    assert_ne!(
+        out("ValueError: bad\nfailed at step 1").digest,
+        out("ValueError: bad\nfailed at step 2").digest
+    );
+    for (line, at) in [
+        ("TypeError: x", Some(0)),
+        (
+            "due to: InterpreterError: y with 'k': TypeError: z",
+            Some(38),
+        ),
+        ("(sqlite3.OperationalError) no such table", None),
+        ("E: sqlite3.OperationalError: no such table", Some(3)),
+        ("java.lang.NullPointerException", Some(0)),
+        ("raise ValueError(msg)", None),
+        ("Error: plain", None),
+        ("ErrorHandler: registered", None),
+    ] {
+        assert_eq!(super::exception_at(line), at, "{line}");
+    }
+}
+
 /// mini-swe-agent wraps every observation in `<returncode>` and `<output>` tags: two different
 /// failures shared their first and last lines, and so their signature.
 #[test]
@@ -444,6 +510,11 @@ const PIECES: &[&str] = &[
     // Lines that name an error: a failure's signature, and the key of its sketch.
     "ValueError: bad 'x'",
     "KeyError",
+    "due to: InterpreterError: x with 'k': TypeError: no",
+    "sqlite3.OperationalError:",
+    "raise ValueError(",
+    "AnError",
+    "Exception",
     "error: no",
     "Traceback (most recent call last):",
     "\x1b",
