@@ -33,7 +33,7 @@ mod sketch;
 #[cfg(test)]
 mod tests;
 
-pub use sketch::{SKETCH_NEAR_BITS, sketch};
+pub use sketch::{SKETCH_MIN_WORDS, SKETCH_NEAR_BITS, sketch};
 
 /// Which built-in maskers are on.
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,11 +72,16 @@ pub struct ResultRules {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub digest: u64,
-    /// A near-duplicate sketch of the masked text (see [`sketch()`]); `None` for short results.
-    /// A failure's is keyed (XOR) by a hash of the error line its signature names, when it
-    /// names one between its first and last lines: pages alike around different errors are far
-    /// apart, pages alike around the same error stay close.
+    /// A failure's near-duplicate sketch of the masked text (see [`sketch()`]): `None` for a
+    /// short failure, and for every success (successes are compared by digest only: there one
+    /// changed word can be the news, which a sketch cannot tell from noise). It is keyed (XOR)
+    /// by a hash of the error line the failure's signature names, when it names one between its
+    /// first and last lines: pages alike around different errors are far apart, pages alike
+    /// around the same error stay close.
     pub sketch: Option<u64>,
+    /// The masked text has [`SKETCH_MIN_WORDS`] words or more: an answer with something in it,
+    /// rather than a short acknowledgement (`ok`) that repeats in healthy work.
+    pub long: bool,
     pub error: bool,
     pub empty: bool,
     /// Infrastructure trouble (rate limits, 5xx): retrying is not a loop. Only errors are.
@@ -283,12 +288,18 @@ impl ResultRules {
         } else {
             (digest_folding_ends(without_id_ends(masked)), 0)
         };
+        let sketched = if error {
+            sketch(masked).map(|s| s ^ named_key)
+        } else {
+            None
+        };
         Outcome {
             digest,
             // A failure's sketch is keyed by the error it names: near-duplicate pages around
             // different errors (a linter's report of other errors, the rest the agent's own
             // proposal echoed back) are sketches far apart.
-            sketch: sketch(masked).map(|s| s ^ named_key),
+            sketch: sketched,
+            long: sketched.is_some() || (!error && sketch::has_words(masked, SKETCH_MIN_WORDS)),
             error,
             // A failure that says nothing but its exit code (`grep` finding no match) is an
             // empty answer.

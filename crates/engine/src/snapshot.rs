@@ -81,7 +81,9 @@ fn v1_to_v2(mut fields: Map<String, Value>) -> Result<Map<String, Value>, String
 /// ([`crate::normalize`]). A version-2 failure keeps its digest: it still matches the failures
 /// restored with it, and its sketch (keyed as before) the near-duplicate failures that follow;
 /// only an exact match of a version-2 failure ending with an exception and the same failure
-/// after the restore is lost. The body is the same.
+/// after the restore is lost. Version 3 also sketches failures only (a success's `sketch` is 0:
+/// successes are never compared by sketch); a version-2 success keeps the value it has, which
+/// nothing reads. The body is the same.
 fn v2_to_v3(fields: Map<String, Value>) -> Result<Map<String, Value>, String> {
     Ok(fields)
 }
@@ -233,7 +235,8 @@ pub(crate) struct RecordV1 {
     /// Hash of the host's call id.
     pub call: u32,
     pub digest: u32,
-    /// The result's near-duplicate sketch (meaningful with the `SKETCH` flag).
+    /// A failure's near-duplicate sketch (meaningful with the `SKETCH` flag; 0 for a success
+    /// since version 3).
     #[serde(default, with = "hex64")]
     pub sketch: u64,
     /// Milliseconds since `epoch_ms`.

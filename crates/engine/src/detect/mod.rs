@@ -35,7 +35,8 @@ pub mod flag {
     /// The result differs (substantively, see [`super::Record::same_outcome_as`]) from the
     /// previous result of the same call: the world this call looks at changed.
     pub const CHANGED: u16 = 1 << 10;
-    /// The result is long enough to have a near-duplicate sketch (`Record::sketch`).
+    /// The result has enough words for a near-duplicate sketch ([`crate::normalize::SKETCH_MIN_WORDS`]);
+    /// a failure's is in `Record::sketch`.
     pub const SKETCH: u16 = 1 << 11;
     /// A shell command that only shows the state of the work (`shell.state_queries`).
     pub const QUERY: u16 = 1 << 12;
@@ -77,7 +78,8 @@ pub fn needed(threshold: u32, allowance: u32, count: u32, span: usize) -> u32 {
 /// One call in the window: 32 bytes. Its seq is implied by its position in the ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
-    /// The result's near-duplicate sketch, when `flag::SKETCH` is set.
+    /// A failure's near-duplicate sketch, when `flag::SKETCH` is set (0 for a success, which is
+    /// never compared by sketch).
     pub sketch: u64,
     /// The exact fingerprint's low 32 bits (enough to tell calls apart within one window).
     pub exact: u32,

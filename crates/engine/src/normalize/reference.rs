@@ -585,7 +585,12 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
     };
     Outcome {
         digest,
-        sketch: sketch_plain(masked).map(|s| s ^ named_key),
+        sketch: if error {
+            sketch_plain(masked).map(|s| s ^ named_key)
+        } else {
+            None
+        },
+        long: sketch_plain(masked).is_some(),
         error,
         empty: (error && super::says_nothing(masked))
             || rules.empty.iter().any(|re| re.is_match(buf)),

@@ -36,6 +36,24 @@ const FOLD: [u8; 256] = {
     t
 };
 
+/// Whether `text` has `n` words or more, words as [`sketch`] reads them (runs of ASCII
+/// letters, digits, `_` and non-ASCII bytes); reads only as far as the `n`th word's start.
+pub(super) fn has_words(text: &str, n: u32) -> bool {
+    let mut words = 0u32;
+    let mut in_word = false;
+    for &c in text.as_bytes() {
+        let w = FOLD[usize::from(c)] != 0;
+        if w && !in_word {
+            words += 1;
+            if words >= n {
+                return true;
+            }
+        }
+        in_word = w;
+    }
+    n == 0
+}
+
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0100_0000_01b3;
 

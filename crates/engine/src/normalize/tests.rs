@@ -387,6 +387,30 @@ fn numbers_are_folded() {
     assert_eq!(sketch(&a), sketch(&error_page("item-7")));
 }
 
+/// A success is compared by digest only, so only a failure is sketched; both say whether they
+/// are long enough for a sketch.
+#[test]
+fn only_failures_are_sketched() {
+    let page = error_page("x");
+    let success = rules()[0].outcome(&plain_result(&page));
+    let failure = rules()[0].outcome(&ToolResult {
+        is_error: true,
+        ..plain_result(&page)
+    });
+    assert!(!success.error && success.long && success.sketch.is_none());
+    assert!(failure.error && failure.long && failure.sketch.is_some());
+    let short = rules()[0].outcome(&plain_result("Status: pending"));
+    assert!(!short.long && short.sketch.is_none());
+    for n in [0, 1, 31, 32, 33] {
+        let text = "w, ".repeat(n);
+        assert_eq!(
+            super::sketch::has_words(&text, SKETCH_MIN_WORDS),
+            n >= 32,
+            "{n} words"
+        );
+    }
+}
+
 #[test]
 fn short_texts_have_no_sketch() {
     assert_eq!(sketch("Status: pending"), None);

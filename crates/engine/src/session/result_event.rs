@@ -64,7 +64,7 @@ impl Session {
         } else {
             rec.digest = outcome.digest as u32;
             rec.sketch = outcome.sketch.unwrap_or(0);
-            if outcome.sketch.is_some() {
+            if outcome.long {
                 rec.flags |= flag::SKETCH;
             }
         }
