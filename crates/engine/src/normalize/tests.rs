@@ -309,6 +309,50 @@ fn failures_wrapped_in_a_harness_markup_are_known_by_what_failed() {
     }
 }
 
+/// Whatever the offset a mask starts at after prose (one that splits a word in eight-byte or
+/// sixteen-byte reads or not), it is masked as byte by byte.
+#[test]
+fn masks_after_plain_text_at_every_offset() {
+    let m = all();
+    let masks = [
+        "deadbeefcafe",
+        "abcdefab",
+        "xabcdefabcd",
+        "fedcba98-1234-5678-9abc-def012345678",
+        "pid 42",
+        "pid:  7",
+        "attempt 3",
+        "retry #2",
+        "(3/10)",
+        "#7",
+        "12ms",
+        "2024-05-01T12:34:56Z",
+        "/tmp/abc",
+        "\x1b[31m",
+        "req-7f3a9c",
+        "msg_01H8XK2",
+        "\"took_ms\": 132",
+        "é 5µs",
+    ];
+    for mask_text in masks {
+        for pad in 0..24 {
+            let text = format!(
+                "{}{} then the handler calls the store_{} and goes on",
+                "The handler validates the request and then "
+                    .get(..pad + 20)
+                    .unwrap(),
+                mask_text,
+                "x".repeat(pad % 9)
+            );
+            assert_eq!(
+                mask(&m, &text),
+                mask_trying_every_byte(&m, &text),
+                "{text:?}"
+            );
+        }
+    }
+}
+
 /// An ESC followed by a multi-byte character made the masker slice inside the character.
 #[test]
 fn escape_before_multibyte_char() {
