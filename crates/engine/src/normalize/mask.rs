@@ -1,5 +1,11 @@
 //! The built-in maskers, in one pass over the bytes.
 //!
+//! Every mask holds a cue (a digit, an `ESC`, a `/`, or the eighth of eight hex letters in a
+//! row), and starts at most a few words before it ([`lead_in`]): past a word no masker
+//! matched, the loop looks for the next cue eight bytes at a time and, when it is far, jumps
+//! to where a mask holding it could start, passing over prose and code without reading their
+//! words.
+//!
 //! Maskers start only at the first byte of a word (a run of ASCII letters, digits and `_`) or
 //! at one of four other bytes (`ESC`, `(`, `#`, `/`). A byte-class table says what each byte
 //! may start, so most bytes cost one lookup. A word is scanned once; what the scan learns (its
@@ -70,8 +76,12 @@ fn is_word(c: u8) -> bool {
 /// Masks `s` with the enabled maskers into `out`, in one pass.
 pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
     let b = s.as_bytes();
-    let mut i = 0;
     let mut copied = 0;
+    // The next cue at or after `i` ([`next_cue`]): no mask starts between `i` and its
+    // [`lead_in`], which the loop jumps to.
+    let mut cue = next_cue(b, 0);
+    let mut i = lead_in(b, 0, cue);
+    let mut ahead = AHEAD;
     while i < b.len() {
         let k = class(b[i]);
         if k == 0 {
@@ -90,6 +100,21 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
                 Some(hit) => hit,
                 None => {
                     i = w.end;
+                    // Past a word no masker matched, the loop looks for the next cue (once it
+                    // is past the last one) and jumps to it when it is far.
+                    if i > cue {
+                        cue = next_cue(b, i);
+                        if cue - i < NEAR {
+                            // Cues close together (a log's times, ids and counts): the next
+                            // `ahead` bytes are read one by one, without looking for cues,
+                            // and twice as many after the next near cue.
+                            cue = i + ahead;
+                            ahead = (ahead * 2).min(MAX_AHEAD);
+                        } else {
+                            i = lead_in(b, i, cue);
+                            ahead = AHEAD;
+                        }
+                    }
                     continue;
                 }
             }
@@ -116,6 +141,108 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
         }
     }
     out.copy(b, copied.min(b.len()), b.len());
+}
+
+/// A cue closer than this to where the loop is is no reason to jump ([`mask_into`]).
+const NEAR: usize = 8;
+/// How far the loop reads on without looking for cues after one was near ([`mask_into`]),
+/// at first and at most.
+const AHEAD: usize = 32;
+const MAX_AHEAD: usize = 1024;
+
+/// Each byte's lowest bit, in a word of eight bytes.
+const LANES: u64 = 0x0101_0101_0101_0101;
+/// Each byte's highest bit.
+const HIGH: u64 = 0x80 * LANES;
+
+/// The highest bit of each byte of `x` in `lo..=hi` (ASCII bounds), and no other bit. The low
+/// seven bits of every byte are compared at once, in sums that never carry into the next byte.
+#[inline(always)]
+fn bytes_in(x: u64, lo: u8, hi: u8) -> u64 {
+    let low = x & !HIGH;
+    let from_lo = low + LANES * u64::from(0x80 - lo);
+    let past_hi = low + LANES * u64::from(0x7f - hi);
+    from_lo & !past_hi & !x & HIGH
+}
+
+/// The first cue at or after `from` (`b.len()` when there is none): a digit, an `ESC`, a `/`,
+/// or the eighth of eight hex letters in a row. Every mask holds a cue (a number, a uuid or
+/// hex word, an escape code, a temp path), so none starts before the [`lead_in`] of the first:
+/// prose and code are passed over eight bytes at a time.
+// Out of line: the masker's loop keeps more in registers without it.
+#[inline(never)]
+fn next_cue(b: &[u8], from: usize) -> usize {
+    let mut j = from;
+    // Hex letters in a row just before `j`.
+    let mut run = 0u32;
+    while j < b.len() {
+        let x = match b.get(j..j + 8).and_then(|s| <[u8; 8]>::try_from(s).ok()) {
+            Some(c) => u64::from_le_bytes(c),
+            None => {
+                // The last bytes, padded with zeros (no cue, no hex letter).
+                let mut c = [0u8; 8];
+                c[..b.len() - j].copy_from_slice(&b[j..]);
+                u64::from_le_bytes(c)
+            }
+        };
+        // `/` and the digits are neighbours in ASCII: one range.
+        let hits = bytes_in(x, b'/', b'9') | bytes_in(x, 0x1b, 0x1b);
+        let other = !bytes_in(x | (0x20 * LANES), b'a', b'f') & HIGH;
+        let mut first = hits.trailing_zeros() / 8;
+        if run + other.trailing_zeros() / 8 >= 8 {
+            first = first.min(7 - run);
+        }
+        if first < 8 {
+            return j + first as usize;
+        }
+        // A run of eight within these bytes would have been found: `other` is not empty.
+        run = other.leading_zeros() / 8;
+        j += 8;
+    }
+    b.len()
+}
+
+/// Where a mask holding the cue at `cue` starts at the earliest, not before `from` (a
+/// position the masker's loop reaches: the text's start, a word's or a byte of no word): the
+/// cue itself for an `ESC` or a `/`; for a digit or a hex letter, the start of the run of word
+/// bytes and `-` it is in (`req-7f3a9c`, a uuid, `crate_305`), or the `(` before that run
+/// (`(3/10)`), or the separators before it (`#7`) and the pid name or counter word before
+/// them (`pid 7`, `retry #3`).
+#[inline(never)]
+fn lead_in(b: &[u8], from: usize, cue: usize) -> usize {
+    let Some(&c) = b.get(cue) else {
+        return b.len();
+    };
+    if matches!(c, 0x1b | b'/') {
+        return cue;
+    }
+    let mut r = cue;
+    while r > from && (is_word(b[r - 1]) || b[r - 1] == b'-') {
+        r -= 1;
+    }
+    if r == from {
+        return r;
+    }
+    let separator = |c: u8| matches!(c, b' ' | b':' | b'=' | b'#');
+    match b[r - 1] {
+        b'(' => r - 1,
+        c if separator(c) => {
+            let mut s = r - 1;
+            while s > from && separator(b[s - 1]) {
+                s -= 1;
+            }
+            let mut w = s;
+            while w > from && is_word(b[w - 1]) {
+                w -= 1;
+            }
+            // The pid names and the counter words, by their lengths and first letters.
+            let name = &b[w..s];
+            let counted = matches!(name.len(), 3 | 4 | 5 | 7 | 8 | 9)
+                && matches!(name[0] | 0x20, b'p' | b't' | b'a' | b'r' | b'i' | b'b');
+            if counted { w } else { s }
+        }
+        _ => r,
+    }
 }
 
 /// The word starting at `i`: where it ends, the union of its bytes' classes

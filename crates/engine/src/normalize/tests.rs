@@ -655,6 +655,28 @@ proptest::proptest! {
         proptest::prop_assert_eq!(mask(&m, &s), mask_trying_every_byte(&m, &s));
     }
 
+    /// The same for masks far apart, between runs of prose and code with no cue in them (the
+    /// stretches the one-pass masker jumps over), and hex letters in runs of every length.
+    #[test]
+    fn one_pass_masks_far_apart_as_the_plain_maskers(
+        parts in proptest::collection::vec(
+            (
+                proptest::sample::select(PIECES),
+                "[ a-zA-Z_.,;:=(){}<>\n-]{0,40}",
+                "[a-fA-F]{0,12}",
+            ),
+            0..24,
+        ),
+        on in proptest::array::uniform9(proptest::bool::weighted(0.8)),
+    ) {
+        let s: String = parts
+            .iter()
+            .map(|(piece, prose, hex)| format!("{prose}{hex}{piece}"))
+            .collect();
+        let m = maskers(on);
+        proptest::prop_assert_eq!(mask(&m, &s), mask_trying_every_byte(&m, &s));
+    }
+
     /// The same for texts of arbitrary bytes from the alphabet the maskers read.
     #[test]
     fn one_pass_masks_any_text_as_the_plain_maskers(
