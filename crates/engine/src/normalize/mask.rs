@@ -78,7 +78,8 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
     let b = s.as_bytes();
     let mut copied = 0;
     // The next cue at or after `i` ([`next_cue`]): no mask starts between `i` and its
-    // [`lead_in`], which the loop jumps to.
+    // [`lead_in`], which the loop jumps to. After a near cue, the end of the bytes read one by
+    // one before the next look.
     let mut cue = next_cue(b, 0);
     let mut i = lead_in(b, 0, cue);
     let mut ahead = AHEAD;
