@@ -83,6 +83,8 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
     let mut cue = next_cue(b, 0);
     let mut i = lead_in(b, 0, cue);
     let mut ahead = AHEAD;
+    // No id starts before this ([`id_len`]).
+    let mut no_id_before = 0;
     while i < b.len() {
         let k = class(b[i]);
         if k == 0 {
@@ -94,7 +96,7 @@ pub(super) fn mask_into(m: &Maskers, s: &str, out: &mut Out<'_>) {
             // Maskers start at a word's first byte (a word is never entered in the middle:
             // the rest of a word a mask ended in is passed over below).
             match if k & ALNUM != 0 {
-                word_at(m, b, i, w)
+                word_at(m, b, i, w, &mut no_id_before)
             } else {
                 None
             } {
@@ -310,8 +312,17 @@ fn word_end(b: &[u8], i: usize) -> usize {
 /// The masker matching at `i`, the first byte (an ASCII letter or digit) of the word `w`: its
 /// length and replacement. Maskers are tried in a fixed order; each is tried only if the word
 /// could start it.
+/// `no_id_before` is where the last token [`id_len`] found no id in ends: no id starts before
+/// it (the token from a later word start is the rest of that token, with fewer of everything),
+/// so each byte is read for ids once.
 #[inline]
-fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
+fn word_at(
+    m: &Maskers,
+    b: &[u8],
+    i: usize,
+    w: Word,
+    no_id_before: &mut usize,
+) -> Option<(usize, Rep)> {
     let Word { end, acc, .. } = w;
     let c = b[i];
     let len = end - i;
@@ -405,10 +416,13 @@ fn word_at(m: &Maskers, b: &[u8], i: usize, w: Word) -> Option<(usize, Rep)> {
     }
     // An id has 2 digits and 2 letters, in this word or in words joined to it by `-`.
     if m.ids
+        && i >= *no_id_before
         && (next == Some(b'-') || (len >= 6 && acc & DIGIT != 0 && acc & ALPHA != 0))
-        && let Some(len) = id_len(b, i)
     {
-        return Some((len, rep!("<id>")));
+        match id_len(b, i) {
+            Ok(len) => return Some((len, rep!("<id>"))),
+            Err(end) => *no_id_before = end,
+        }
     }
     None
 }
@@ -673,10 +687,16 @@ fn volatile_key_before(b: &[u8], i: usize) -> bool {
     volatile_key(last) || volatile_key(key)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Bytes [`id_len`] read on this thread (tests).
+    pub(super) static ID_BYTES_READ: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// An opaque id at `i`: a token of letters, digits, `_` and `-` of 6 or more bytes with at
 /// least 2 digits and 2 letters (`msg_01H8XK2`, `om_x100b8f3`, `req-7f3a9c`), not a plain word
-/// or number.
-fn id_len(b: &[u8], i: usize) -> Option<usize> {
+/// or number. `Err` holds where the token ends when it is none.
+fn id_len(b: &[u8], i: usize) -> Result<usize, usize> {
     // One pass: the token's length, its digits and letters, and whether a letter precedes a
     // digit (a number with a unit, `1200px`, is not an id).
     let (mut n, mut digits, mut letters, mut mixed) = (0usize, 0u32, 0u32, false);
@@ -699,9 +719,16 @@ fn id_len(b: &[u8], i: usize) -> Option<usize> {
         }
         n += 1;
     }
+    let end = i + n;
+    #[cfg(test)]
+    ID_BYTES_READ.with(|r| r.set(r.get() + n));
     // A trailing `-` belongs to the text around it.
     let n = n - trailing_dashes;
-    (n >= 6 && digits >= 2 && letters >= 2 && mixed).then_some(n)
+    if n >= 6 && digits >= 2 && letters >= 2 && mixed {
+        Ok(n)
+    } else {
+        Err(end)
+    }
 }
 
 fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
