@@ -226,12 +226,11 @@ fn lead_in(b: &[u8], from: usize, cue: usize) -> usize {
     if r == from {
         return r;
     }
-    let separator = |c: u8| matches!(c, b' ' | b':' | b'=' | b'#');
     match b[r - 1] {
         b'(' => r - 1,
-        c if separator(c) => {
+        c if is_separator(c) => {
             let mut s = r - 1;
-            while s > from && separator(b[s - 1]) {
+            while s > from && is_separator(b[s - 1]) {
                 s -= 1;
             }
             let mut w = s;
@@ -551,15 +550,18 @@ fn temp_len(b: &[u8], i: usize) -> Option<usize> {
     (n > 0).then_some(prefix.len() + n)
 }
 
-/// A number follows the word ending at `end` after one or more separators (` `, `:`, `=`,
-/// `#`): what `pid 7` and `attempt 2` need, tested before their names are compared (most
-/// words of prose and code are followed by a letter or nothing of the kind).
+/// A byte between a pid name or counter word and its number: ` `, `:`, `=`, `#`.
+#[inline(always)]
+fn is_separator(c: u8) -> bool {
+    matches!(c, b' ' | b':' | b'=' | b'#')
+}
+
+/// A number follows the word ending at `end` after one or more separators
+/// ([`is_separator`]): what `pid 7` and `attempt 2` need, tested before their names are
+/// compared (most words of prose and code are followed by a letter or nothing of the kind).
 #[inline(always)]
 fn number_follows(b: &[u8], end: usize) -> bool {
-    let separator = |j: usize| {
-        b.get(j)
-            .is_some_and(|&c| matches!(c, b' ' | b':' | b'=' | b'#'))
-    };
+    let separator = |j: usize| b.get(j).is_some_and(|&c| is_separator(c));
     if !separator(end) {
         return false;
     }
@@ -579,15 +581,15 @@ fn pid_len(b: &[u8], i: usize, end: usize) -> Option<usize> {
     {
         return None;
     }
-    number_after(b, i, end, |c| matches!(c, b' ' | b':' | b'=' | b'#'))
+    number_after(b, i, end)
 }
 
 /// The end of `separators number` after the word `b[i..end]` (at least one separator, then
 /// digits ending a word), as a length from `i`.
 #[inline]
-fn number_after(b: &[u8], i: usize, end: usize, separator: impl Fn(u8) -> bool) -> Option<usize> {
+fn number_after(b: &[u8], i: usize, end: usize) -> Option<usize> {
     let mut j = end;
-    while j < b.len() && separator(b[j]) {
+    while j < b.len() && is_separator(b[j]) {
         j += 1;
     }
     let n = digits(b, j);
@@ -612,7 +614,7 @@ fn counter_at(b: &[u8], i: usize, end: usize) -> Option<(usize, Rep)> {
     .into_iter()
     .find(|(w, _)| word.eq_ignore_ascii_case(w.as_bytes()))?
     .1;
-    number_after(b, i, end, |c| matches!(c, b' ' | b'#' | b':' | b'=')).map(|len| (len, rep))
+    number_after(b, i, end).map(|len| (len, rep))
 }
 
 /// Whether a key name (or its last `_` part) is one whose numeric values are ids, times and
@@ -841,14 +843,15 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     let mut j = i + n;
     j += fraction(b, j);
     // A unit starts with a letter (or `µ`), directly or after one space, and ends a word: it
-    // is the whole word there.
+    // is the whole word there. The units' first letters rule out most words before they are
+    // read.
     let (spaced, at) = match *b.get(j)? {
-        b' ' => (true, j + 1),
+        b' ' if matches!(b.get(j + 1), Some(b'm' | b's')) => (true, j + 1),
         0xc2 => {
             return (b.get(j..j + 3) == Some("µs".as_bytes()) && end_ok(b, j + 3))
                 .then_some(j + 3 - i);
         }
-        u if u.is_ascii_alphabetic() => (false, j),
+        b'm' | b'u' | b'n' | b's' | b'h' => (false, j),
         _ => return None,
     };
     let end = word_end(b, at);
