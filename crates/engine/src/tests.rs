@@ -1833,6 +1833,33 @@ fn unknown_tools() {
     );
 }
 
+/// The unknown-tool patterns read a whole output, however long (a few MiB of non-ASCII text
+/// took seconds); they read its first and last 512 bytes, where a harness says a tool does not
+/// exist.
+#[test]
+fn unknown_tool_patterns_read_only_the_ends_of_a_result() {
+    let filler = "tool é output ".repeat(200);
+    for (output, unknown) in [
+        (format!("Error: unknown tool `frobnicate`\n{filler}"), true),
+        (format!("{filler}\nError: unknown tool `frobnicate`"), true),
+        (
+            format!("{filler}\nError: unknown tool `frobnicate`\n{filler}"),
+            false,
+        ),
+    ] {
+        let mut h = H::default();
+        let (_, id) = h.call("frobnicate", json!({"x": 1}));
+        h.result(&id, &output, true);
+        let (c, _) = h.call("frobnicate", json!({"x": 2}));
+        assert_eq!(
+            det(&c) == Some("unknown_tool"),
+            unknown,
+            "{:?}",
+            &output[..40]
+        );
+    }
+}
+
 // --- text -----------------------------------------------------------------------------------------
 
 #[test]

@@ -628,7 +628,8 @@ detector_section! {
         threshold: u32 = COUNT, "2";
         /// tools the agent has; when empty, a tool is unknown once a result says so
         known_tools: Vec<NameGlob> = GLOBS, "[]";
-        /// regexes on error results that mean the tool does not exist
+        /// regexes on error results (their first and last 512 bytes) that mean the tool does not
+        /// exist
         error_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)\b(unknown|invalid|unrecognized|unsupported) tool\b', '(?i)\btool\b.{0,80}\b(not found|does not exist|is not available|not registered)', '(?i)\bno such tool\b']"#;
     }

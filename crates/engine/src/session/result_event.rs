@@ -33,7 +33,7 @@ impl Session {
                         .any(|o| o.exact == cur.exact)
                 })
             }
-            && pending(&rules.config.results.pending_patterns, r.output);
+            && ends_match(&rules.config.results.pending_patterns, r.output);
         let idx = (self.start as usize + self.len as usize - 1 - k) % cap;
         let Some(rec) = self.ring.get_mut(idx) else {
             return Verdict::allow();
@@ -99,11 +99,7 @@ impl Session {
         if outcome.error
             && det.unknown_tool.enabled
             && !self.unknown.contains(&rec.tool)
-            && det
-                .unknown_tool
-                .error_patterns
-                .iter()
-                .any(|re| re.is_match(r.output))
+            && ends_match(&det.unknown_tool.error_patterns, r.output)
         {
             if self.unknown.len() >= MAX_UNKNOWN {
                 self.unknown.remove(0);
@@ -219,27 +215,29 @@ fn refused(patterns: &[regex::Regex], output: &str) -> bool {
     if patterns.is_empty() {
         return false;
     }
-    let mut head = output.len().min(PENDING_BYTES);
+    let mut head = output.len().min(END_BYTES);
     while !output.is_char_boundary(head) {
         head -= 1;
     }
     patterns.iter().any(|re| re.is_match(&output[..head]))
 }
 
-/// Bytes read from each end of a result for `results.pending_patterns`.
-const PENDING_BYTES: usize = 512;
+/// Bytes read from each end of a result for `results.pending_patterns` and
+/// `detectors.unknown_tool.error_patterns`.
+const END_BYTES: usize = 512;
 
-/// Whether a result says the work it looks at is still under way: a pending pattern matches
-/// its first or last [`PENDING_BYTES`] bytes (a status line leads or ends an output).
-fn pending(patterns: &[regex::Regex], output: &str) -> bool {
+/// Whether a pattern matches a result's first or last [`END_BYTES`] bytes: where a status line
+/// (`still running`) or a harness's error about the call itself (`Unknown tool: x`) stands. The
+/// rest of an output, however long, is not read.
+fn ends_match(patterns: &[regex::Regex], output: &str) -> bool {
     if patterns.is_empty() {
         return false;
     }
-    let mut head = output.len().min(PENDING_BYTES);
+    let mut head = output.len().min(END_BYTES);
     while !output.is_char_boundary(head) {
         head -= 1;
     }
-    let mut tail = output.len().saturating_sub(PENDING_BYTES).max(head);
+    let mut tail = output.len().saturating_sub(END_BYTES).max(head);
     while !output.is_char_boundary(tail) {
         tail += 1;
     }
@@ -249,8 +247,8 @@ fn pending(patterns: &[regex::Regex], output: &str) -> bool {
         .any(|re| re.is_match(first) || (!last.is_empty() && re.is_match(last)))
 }
 
-/// [`pending`] for the tests.
+/// [`ends_match`] for the tests.
 #[cfg(test)]
 pub(crate) fn pending_for_tests(patterns: &[regex::Regex], output: &str) -> bool {
-    pending(patterns, output)
+    ends_match(patterns, output)
 }
