@@ -24,6 +24,20 @@ use crate::message::Vars;
 use crate::plugins::Hits;
 use crate::verdict::{CallRef, Verdict};
 
+/// The first and last `n` bytes of `text` (whole characters; the second empty when the first
+/// holds all of it): what a pattern that reads the ends of a long text reads.
+pub(crate) fn ends(text: &str, n: usize) -> [&str; 2] {
+    let mut head = text.len().min(n);
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len().saturating_sub(n).max(head);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    [&text[..head], &text[tail..]]
+}
+
 mod call_event;
 mod call_ids;
 mod conversation;

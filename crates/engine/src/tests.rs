@@ -600,6 +600,21 @@ fn allowance_words_and_intervals() {
     assert_eq!(crate::session::allowance(&c.user, "fix the bug"), 0);
 }
 
+/// The user patterns read a whole message, however long (megabytes of non-ASCII text took
+/// seconds); they read its first and last 4 KiB, where a person's request stands.
+#[test]
+fn user_patterns_read_only_the_ends_of_a_long_message() {
+    let c = default_config();
+    let pasted = "é log line\n".repeat(1000);
+    for (text, n) in [
+        (format!("run it 5 times\n{pasted}"), 5),
+        (format!("{pasted}\nrun it 5 times"), 5),
+        (format!("{pasted}\nrun it 5 times\n{pasted}"), 0),
+    ] {
+        assert_eq!(crate::session::allowance(&c.user, &text), n);
+    }
+}
+
 #[test]
 fn a_request_not_to_repeat_grants_no_allowance() {
     let c = default_config();

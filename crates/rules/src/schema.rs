@@ -587,8 +587,9 @@ detector_section! {
         /// framework failing or refusing them the same way: `exitcode: 1 … unknown language`,
         /// `Invalid or incomplete response`)
         same_reply_threshold: u32 = COUNT, "3";
-        /// regexes on an automated reply that mean it rejects the turn it answers (a prompt to
-        /// go on, `continue`, rejects nothing: the next turn may well be new work)
+        /// regexes on an automated reply (its first and last 4 KiB) that mean it rejects the
+        /// turn it answers (a prompt to go on, `continue`, rejects nothing: the next turn may
+        /// well be new work)
         reject_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)\b(error|errors|exception|failed|failure|invalid|incomplete|unknown|unsupported|unrecognized|not (allowed|supported|recognized|found|valid|permitted)|did not|didn''t|could not|couldn''t|cannot|can''t|must|missing|no such|does not exist|doesn''t exist)\b', '(?i)^\s*exitcode: [1-9]']"#;
     }
@@ -855,18 +856,20 @@ section! {
     /// How user messages change detection (`user`).
     #[derive(Clone, Debug)]
     pub struct User in USER {
-        /// regexes on a user message that mean the user asks for repeated actions
+        /// regexes on a user message (its first and last 4 KiB) that mean the user asks for
+        /// repeated actions
         repeat_requests: Vec<Regex> = REGEXES,
             r#"['(?i)\b(\d{1,3}|twice|thrice|two|three|four|five|six|seven|eight|nine|ten|several|multiple)( more)? times\b', '(?i)\b(repeatedly|again and again|over and over|keep (running|checking|polling|trying|retrying)|every \d+ ?(s|sec|secs|seconds|m|min|minutes)|in a loop|until it (passes|succeeds|finishes|completes))\b']"#;
         /// extra repeats tolerated after such a request when it names no number (a number N allows
         /// N)
         repeat_allowance: u32 = int(0, 10_000), "10";
-        /// regexes on a user message that ask the agent to retry: counts restart for good after
-        /// such a message
+        /// regexes on a user message (its first and last 4 KiB) that ask the agent to retry:
+        /// counts restart for good after such a message
         retry_requests: Vec<Regex> = REGEXES,
             r#"['(?i)\b(again|once more|one more time|another (try|attempt|look|go)|last try)\b', '(?i)\b(retry|re-?run|re-?try|re-?check|re-?test)\b']"#;
-        /// regexes on a user-role message that mean the host or framework sent it, not a person (a
-        /// "continue" prompt, an observation, a reminder): such a message changes no count
+        /// regexes on a user-role message (its first and last 4 KiB) that mean the host or
+        /// framework sent it, not a person (a "continue" prompt, an observation, a reminder):
+        /// such a message changes no count
         automated_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)^\W*(please\s+)?(continue|proceed|go on|keep going|carry on)(\s+(working|with the task|on the task))?\W*$', '(?i)^\W*(please\s+)?continue working on the task\b', '(?i)\byou (did not|didn''t|have not|haven''t|must|should) (call|use|invoke) (a|any) (tool|function)', '(?i)^\W*(please\s+)?use (a|the) (tool|tools|function)', '(?s)^\s*<(system-reminder|system_reminder|environment_details)>.*</(system-reminder|system_reminder|environment_details)>\s*$', '(?i)^\s*(observation|tool (output|result|response)|function (output|result))\s*:', '(?i)^\s*\[?(automated|auto-generated|system) (message|reminder|notice)\b', '(?i)^\s*background task (completed|finished|done)\W*$', '(?i)^\W*your (output|response) was not formatted correctly', '(?i)^\W*please always provide exactly one action\b', '(?i)^\s*call id\s*:', '(?i)\bnow let''s retry: take care not to repeat previous errors', '(?i)^\W*now proceed and carry out this plan\W*$', '\(Open file: [^\n]*\)\s*\n\(Current directory: [^\n]*\)\s*\n\s*bash-\$\s*$', '(?i)^\s*exitcode: -?\d+ \(execution (succeeded|failed)\)', '(?i)^\s*previous response had (parsing errors|warnings)\s*:', '(?i)^\W*error!* none of the actions you just requested were performed\b', '(?i)^\W*determine (exactly one|which next) command to use\b']"#;
     }

@@ -88,7 +88,7 @@ impl Session {
         // left out: a person answers "go" or "yes" to each question.
         let text = u.text.trim();
         let rejects = &self.rules.config.detectors.monologue.reject_patterns;
-        let rejecting = rejects.iter().any(|re| re.is_match(text));
+        let rejecting = any_match(rejects, text);
         // Said again is judged as a tool's output is, once noise is masked: a counter or a
         // clock in it (`Attempt 2 failed validation`) makes it no other message.
         let digest = if said_again_length(text) || rejecting {
@@ -105,7 +105,7 @@ impl Session {
             0
         };
         let again = digest != 0 && digest == self.last_user;
-        if u.injected || again || user.automated_patterns.iter().any(|re| re.is_match(u.text)) {
+        if u.injected || again || any_match(&user.automated_patterns, u.text) {
             // A rejection is known as a tool's failure is, by its signature once noise is
             // masked and what a host adds is dropped: a clock or a cost in the reply makes it
             // no other rejection.
@@ -158,10 +158,13 @@ impl Session {
             ts.ended_by_person = ended;
         }
         let allowance = allowance(user, u.text);
-        let retry = user
-            .retry_requests
-            .iter()
-            .any(|re| re.find_iter(u.text).any(|m| !negated(u.text, m.start())));
+        let retry = user.retry_requests.iter().any(|re| {
+            super::ends(u.text, USER_END_BYTES).iter().any(|part| {
+                re.find_iter(part)
+                    .take(MAX_REQUEST_MATCHES)
+                    .any(|m| !negated(part, m.start()))
+            })
+        });
         if self.rules.config.time.reset_on_user_message {
             // The calls so far are set aside; their loops keep their escalation unless the
             // person asked for a retry or for repetitions. A refusal decided on a result is
@@ -209,9 +212,13 @@ pub(crate) fn allowance(user: &loopguard_rules::config::User, text: &str) -> u32
     // "Don't read it again and again", "you keep polling": a request not to repeat, or a
     // complaint about repeating, asks for no repetition.
     let Some(m) = user.repeat_requests.iter().find_map(|re| {
-        re.find_iter(text)
-            .take(MAX_REQUEST_MATCHES)
-            .find(|m| !negated(text, m.start()))
+        super::ends(text, USER_END_BYTES)
+            .into_iter()
+            .find_map(|part| {
+                re.find_iter(part)
+                    .take(MAX_REQUEST_MATCHES)
+                    .find(|m| !negated(part, m.start()))
+            })
     }) else {
         return 0;
     };
@@ -246,8 +253,22 @@ pub(crate) fn allowance(user: &loopguard_rules::config::User, text: &str) -> u32
         .unwrap_or(user.repeat_allowance)
 }
 
-/// Matches of one request pattern looked at in a message.
+/// Matches of one request pattern looked at in each end of a message.
 const MAX_REQUEST_MATCHES: usize = 16;
+
+/// Bytes of a user message read from each end by the user patterns (`user.*`,
+/// `monologue.reject_patterns`): a person's request and a framework's prompt stand at the start
+/// or the end of a message; what a long one holds between (a pasted log, a file) is not read,
+/// so the work per message is bounded however long it is.
+const USER_END_BYTES: usize = 4096;
+
+/// Whether a pattern matches either end of a user message ([`USER_END_BYTES`]).
+fn any_match(patterns: &[regex::Regex], text: &str) -> bool {
+    let [first, last] = super::ends(text, USER_END_BYTES);
+    patterns
+        .iter()
+        .any(|re| re.is_match(first) || (!last.is_empty() && re.is_match(last)))
+}
 
 /// How far back from a request the clause it belongs to is searched for a negation.
 const CLAUSE_BYTES: usize = 80;

@@ -233,15 +233,7 @@ fn ends_match(patterns: &[regex::Regex], output: &str) -> bool {
     if patterns.is_empty() {
         return false;
     }
-    let mut head = output.len().min(END_BYTES);
-    while !output.is_char_boundary(head) {
-        head -= 1;
-    }
-    let mut tail = output.len().saturating_sub(END_BYTES).max(head);
-    while !output.is_char_boundary(tail) {
-        tail += 1;
-    }
-    let (first, last) = (&output[..head], &output[tail..]);
+    let [first, last] = super::ends(output, END_BYTES);
     patterns
         .iter()
         .any(|re| re.is_match(first) || (!last.is_empty() && re.is_match(last)))
