@@ -133,6 +133,13 @@ pub trait Judge: Send {
     fn redact(&self, _error: &mut Value) -> bool {
         false
     }
+
+    /// Whether an event as the upstream wrote it quotes the request's credentials: then it is
+    /// sent as parsed and redacted, never as written (a duplicate key's earlier copy, which
+    /// the parsed event no longer holds, may quote one). None does by default.
+    fn quotes_secret(&self, _raw: &str) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

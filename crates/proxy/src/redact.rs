@@ -37,6 +37,11 @@ pub const REDACTED: &str = "[redacted]";
 /// The shortest credential value redacted.
 pub const MIN_SECRET: usize = 8;
 
+/// The most credential values of one request searched for: the upstream URL's first, then the
+/// credential headers', then the cookies'. Each costs a search of every text redacted, so a
+/// request with thousands of cookies costs what one with 64 does.
+pub const MAX_SECRETS: usize = 64;
+
 /// Whether a request header carries a credential, by its name: `authorization`, `x-api-key`,
 /// `api-key`, `cookie`, and others that name a key, token, secret or password
 /// (`x-goog-api-key`, `ocp-apim-subscription-key`, `x-auth-token`, …).
@@ -69,17 +74,19 @@ impl std::fmt::Debug for Secrets {
 
 impl Secrets {
     /// The values worth redacting among `values`: at least [`MIN_SECRET`] bytes, each once.
+    /// At most [`MAX_SECRETS`] are kept, the first ones given.
     pub fn new(values: impl IntoIterator<Item = String>) -> Secrets {
-        let mut kept: Vec<String> = Vec::new();
-        for v in values {
-            if v.len() >= MIN_SECRET && !kept.contains(&v) {
-                kept.push(v);
-            }
-        }
+        let mut seen = std::collections::HashSet::new();
+        let kept: Vec<String> = values
+            .into_iter()
+            .filter(|v| v.len() >= MIN_SECRET && seen.insert(v.clone()))
+            .take(MAX_SECRETS)
+            .collect();
+        let mut seen = std::collections::HashSet::new();
         let mut forms: Vec<String> = Vec::new();
         for v in &kept {
             for f in std::iter::once(v.clone()).chain(base64_forms(v.as_bytes())) {
-                if !forms.contains(&f) {
+                if seen.insert(f.clone()) {
                     forms.push(f);
                 }
             }
@@ -95,7 +102,9 @@ impl Secrets {
     /// value after its scheme, if any: `Bearer sk-…` gives `sk-…`; each cookie's value; a
     /// `Basic` credential also decoded, `user:password` and the password alone), and those of the upstream URL (user name, password, query values).
     pub fn of(headers: &HeaderMap, upstream: &Upstream) -> Secrets {
-        let mut values = Vec::new();
+        // The upstream URL's first: the operator's, never crowded out by a request's.
+        let mut values: Vec<String> = upstream.secrets().to_vec();
+        let mut cookies = Vec::new();
         for (name, value) in headers {
             let name = name.as_str();
             if !is_credential_header(name) {
@@ -105,8 +114,13 @@ impl Secrets {
             let value = value.trim();
             if name == "cookie" {
                 for pair in value.split(';') {
-                    if let Some((_, v)) = pair.split_once('=') {
-                        values.push(v.trim().to_owned());
+                    if cookies.len() >= MAX_SECRETS {
+                        break;
+                    }
+                    if let Some((_, v)) = pair.split_once('=')
+                        && v.trim().len() >= MIN_SECRET
+                    {
+                        cookies.push(v.trim().to_owned());
                     }
                 }
             } else {
@@ -125,13 +139,18 @@ impl Secrets {
                 }
             }
         }
-        values.extend(upstream.secrets().iter().cloned());
+        values.extend(cookies);
         Secrets::new(values)
     }
 
     /// Whether there is nothing to redact.
     pub fn is_empty(&self) -> bool {
         self.0.values.is_empty()
+    }
+
+    /// Whether `text` quotes a credential, as written, base64-encoded or percent-encoded.
+    pub fn quoted_in(&self, text: &str) -> bool {
+        !self.is_empty() && matches!(self.text(text), Cow::Owned(_))
     }
 
     /// `text` with every credential replaced, as written, base64-encoded or percent-encoded.
@@ -398,6 +417,26 @@ mod tests {
              of org-0123456789, dark"
         );
         assert!(!format!("{s:?}").contains("sk-"), "{s:?}");
+    }
+
+    /// Regression: a `Cookie` header of tens of thousands of pairs made every value a secret
+    /// with its base64 forms, kept unique by searching a list (quadratic: 50 s of CPU for one
+    /// 440 KB header, on an async worker, with no key needed), and each a search of every text
+    /// redacted. At most [`MAX_SECRETS`] values are kept, the upstream URL's and the credential
+    /// headers' before any cookie's.
+    #[test]
+    fn a_request_s_credentials_are_bounded_and_cookies_come_last() {
+        let pairs: Vec<String> = (0..20_000).map(|i| format!("c{i}=v{i:08}")).collect();
+        let cookie = pairs.join("; ");
+        let mut h = headers(&[("authorization", "Bearer sk-bearer-0123456789")]);
+        h.insert("cookie", HeaderValue::from_str(&cookie).unwrap());
+        let u = Upstream::parse("http://user:url-secret-0123@127.0.0.1:9/v1").unwrap();
+        let s = Secrets::of(&h, &u);
+        assert_eq!(s.0.values.len(), MAX_SECRETS);
+        assert_eq!(
+            s.text("url-secret-0123 sk-bearer-0123456789 v00000000 v00019999"),
+            "[redacted] [redacted] [redacted] v00019999"
+        );
     }
 
     #[test]

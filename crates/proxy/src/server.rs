@@ -348,7 +348,10 @@ async fn pass_error(
         "the upstream answered with an error"
     );
     let mut parsed = serde_json::from_slice::<Value>(&body).ok();
-    let redacted = parsed.as_mut().is_some_and(|v| secrets.value(v));
+    // The body as parsed, once redacted, whenever the body as written quotes a credential the
+    // parsed value does not hold (a duplicate key, whose last copy is all a parser keeps).
+    let redacted = parsed.as_mut().is_some_and(|v| secrets.value(v))
+        || (parsed.is_some() && secrets.quoted_in(&String::from_utf8_lossy(&body)));
     let mut out = if let Some(v) = parsed.as_ref().filter(|v| v.get("error").is_some()) {
         let body = if redacted {
             v.to_string().into_bytes()

@@ -1132,6 +1132,10 @@ impl Judge for TurnJudge {
         self.secrets.value(error)
     }
 
+    fn quotes_secret(&self, raw: &str) -> bool {
+        self.secrets.quoted_in(raw)
+    }
+
     fn answer_turn(&self) -> u64 {
         self.turn.assistant_turns
     }

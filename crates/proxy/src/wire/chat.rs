@@ -300,7 +300,7 @@ impl<J: Judge> Stream<J> {
         if chunk.contains_key("error") {
             self.state.upstream_error = true;
             let mut error = Value::Object(chunk);
-            if self.judge.redact(&mut error) {
+            if self.judge.redact(&mut error) || self.judge.quotes_secret(&ev.raw) {
                 out.push(match &ev.event {
                     Some(name) => sse::event(name, &error),
                     None => sse::data(&error),

@@ -604,7 +604,7 @@ impl<J: Judge> Stream<J> {
         };
         if d.get("error").is_some() {
             self.state.upstream_error = true;
-            if self.judge.redact(&mut d) {
+            if self.judge.redact(&mut d) || self.judge.quotes_secret(&ev.raw) {
                 out.push(format!("data: {d}\n\n"));
             } else {
                 out.push(ev.raw);

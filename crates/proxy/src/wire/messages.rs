@@ -385,7 +385,7 @@ impl<J: Judge> Stream<J> {
             "error" => {
                 self.state.upstream_error = true;
                 let mut error = Value::Object(d);
-                if self.judge.redact(&mut error) {
+                if self.judge.redact(&mut error) || self.judge.quotes_secret(&ev.raw) {
                     out.push(sse::event(ev.event.as_deref().unwrap_or("error"), &error));
                 } else {
                     out.push(ev.raw);
