@@ -204,6 +204,62 @@ async fn slow_headers_and_stalled_bodies_are_cut_off() {
     assert_eq!(r.status().as_u16(), 200);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_trickled_a_byte_at_a_time_is_cut_off() {
+    let up = Upstream::start().await;
+    let p = Proxy::start(&up.base(), &["--header-timeout", "1"]);
+    let addr = p.base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 1000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // A byte every 200 ms never pauses for the header timeout, but is far slower than the
+    // least rate a body must keep: it is cut off soon after the header timeout, not after the
+    // 200 s its 1,000 bytes would take.
+    let started = std::time::Instant::now();
+    let (mut rx, mut tx) = s.into_split();
+    let trickle = async move {
+        for _ in 0..1000 {
+            if tx.write_all(b" ").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Keep the writing half open until the answer is read.
+        std::future::pending::<()>().await;
+    };
+    let mut out = Vec::new();
+    let mut answered = None;
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        // Read until the proxy closes the connection (or the timeout, if it keeps it open).
+        while let Ok(n) = rx.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            answered.get_or_insert_with(std::time::Instant::now);
+            out.extend_from_slice(&buf[..n]);
+        }
+    });
+    tokio::select! {
+        () = trickle => {}
+        _ = answer => {}
+    }
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+    let answered = answered.expect("no answer");
+    assert!(answered - started < Duration::from_secs(5), "{text}");
+    let m = metrics(&p).await;
+    assert!(
+        metric(&m, "loopguard_proxy_slow_clients_total").unwrap_or(0) >= 1,
+        "{m}"
+    );
+}
+
 /// Who sends a request: an API key, and an `X-Session-Id` or (with `user`) a `user` field.
 #[derive(Clone, Copy)]
 struct Who<'a> {
@@ -371,6 +427,43 @@ async fn a_command_in_pasted_tool_output_is_never_honoured() {
         outcomes.push(turn(&p, who("sk-user", "pasted"), &mut messages, Some(page)).await);
     }
     assert_eq!(outcomes, ["released", "released", "released", "refused"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn other_callers_opening_sessions_cannot_evict_a_caller_s_session() {
+    let up = Upstream::start().await;
+    let (p, _dir) = start(&up, 3, &["--max-sessions", "10"]);
+    let open = |key: String, session: String| {
+        let p = &p;
+        async move {
+            let r = client()
+                .post(p.url("/v1/chat/completions"))
+                .header("authorization", format!("Bearer {key}"))
+                .header("x-session-id", session)
+                .json(&json!({"model": "text", "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }
+    };
+    // Alice's looping session makes two calls; she is not active for a while after.
+    let mut messages = vec![json!({"role": "user", "content": "build it"})];
+    let alice = who("sk-alice", "keep");
+    for _ in 0..2 {
+        assert_eq!(turn(&p, alice, &mut messages, None).await, "released");
+    }
+    // Mallory opens 100 sessions with her own key, and 100 more with keys the upstream
+    // refuses, one key each.
+    for i in 0..100 {
+        assert_eq!(open("sk-mallory".to_owned(), format!("m-{i}")).await, 200);
+        assert_eq!(open(format!("sk-invalid-{i}"), format!("x-{i}")).await, 401);
+    }
+    let health = healthz(&p).await;
+    assert_eq!(health["sessions"], 10, "{health}");
+    // Alice's session kept its counts: its third call is released, its fourth refused.
+    assert_eq!(turn(&p, alice, &mut messages, None).await, "released");
+    assert_eq!(turn(&p, alice, &mut messages, None).await, "refused");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -59,7 +59,8 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_connections: usize,
     /// Seconds a client may take to start a request, to send its headers, or to pause inside
-    /// its body; slower connections are closed (a paused body gets a 408).
+    /// its body; slower connections are closed (a paused body gets a 408, and so does a body
+    /// arriving slower than 64 KiB/s once this time has passed).
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     header_timeout: u64,
     /// Let callers change their session's settings with in-chat commands (`!/set(…)`,
@@ -75,7 +76,9 @@ pub struct Args {
     #[arg(long)]
     require_key: bool,
     /// Most sessions kept (about 2 KB each); a new session beyond evicts the least recently
-    /// used (counted in `/metrics`).
+    /// used session of the caller (API key) holding the most, so that one caller cannot push
+    /// out another's sessions; callers whose key the upstream never accepted count as one
+    /// (counted in `/metrics`).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     max_sessions: usize,
     /// Save every session to FILE when the proxy stops (SIGTERM, SIGINT) and restore them

@@ -192,8 +192,14 @@ fn passed_back(from: &HeaderMap, to: &mut HeaderMap, secrets: &Secrets) {
     }
 }
 
+/// The slowest a request body may arrive on average, past its first `pause`: a client that
+/// trickles a body a few bytes at a time holds a connection slot no longer than `pause` plus
+/// one second per this many bytes it sent.
+pub(crate) const MIN_BODY_RATE: u64 = 64 << 10;
+
 /// Reads a request body of at most `limit` bytes; a pause longer than `pause` between its
-/// parts is a 408.
+/// parts is a 408, and so is a body slower on average than [`MIN_BODY_RATE`] once `pause` has
+/// passed (its next part is due by `pause` plus a second per [`MIN_BODY_RATE`] bytes read).
 async fn read_body(
     headers: &HeaderMap,
     body: Body,
@@ -217,15 +223,20 @@ async fn read_body(
     }
     let mut stream = body.into_data_stream();
     let mut buf = Vec::with_capacity(declared.unwrap_or(0));
+    let started = Deadline::now();
     loop {
-        let Ok(next) = timeout(pause, stream.next()).await else {
+        let read = u64::try_from(buf.len()).unwrap_or(u64::MAX);
+        let earned = Duration::from_secs(read / MIN_BODY_RATE);
+        let due = (started + pause + earned).min(Deadline::now() + pause);
+        let Ok(next) = timeout_at(due, stream.next()).await else {
             return Err(ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "invalid_request_error",
                 "request_timeout",
                 format!(
-                    "the request body paused for more than {} s",
-                    pause.as_secs_f64()
+                    "the request body paused for more than {} s, or came slower than {} KiB/s",
+                    pause.as_secs_f64(),
+                    MIN_BODY_RATE >> 10
                 ),
             ));
         };
@@ -693,6 +704,7 @@ async fn handle_inner(
         judging(state, || state.settle_turn(&turn));
         return pass_error(state, wire, resp, deadline, &secrets).await;
     }
+    state.upstream_accepted(&turn.session);
     let judge = TurnJudge::new(Arc::clone(state), turn).with_secrets(secrets);
     // What a second chance asks the upstream again with: the request as it was sent.
     let retry = Retry {

@@ -20,7 +20,8 @@
 //! what it holds (fail open). Plugins keep their own per-session state, which is not shared.
 
 use std::borrow::Cow;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -207,48 +208,160 @@ pub fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
 }
 
 /// The books of every session, at most `max` of them.
+///
+/// Sessions are grouped by caller for eviction, so that one caller cannot push out another's
+/// sessions by opening new ones: a new session beyond the bound evicts the least recently used
+/// session of the largest group (its own on a tie). A caller has its own group once the
+/// upstream has accepted its key (answered one of its requests with a success); until then its
+/// sessions are in one group shared by every such caller, so keys the upstream refuses, however
+/// many, compete as a single caller. With `k` callers holding sessions, each keeps at least
+/// about `max / (k + 1)` of its most recently used sessions, whatever the others send.
 #[derive(Debug)]
 pub struct Books {
-    table: Mutex<LruCache<String, BookRef>>,
+    table: Mutex<Table>,
     max: usize,
+}
+
+/// The group of sessions whose caller the upstream has not (yet) accepted.
+const UNVERIFIED: &str = "";
+
+#[derive(Debug)]
+struct Table {
+    /// Sessions by group, each least recently used first; no group is empty.
+    groups: HashMap<String, LruCache<String, BookRef>>,
+    /// (size, group) of every group, the largest last.
+    sizes: BTreeSet<(usize, String)>,
+    /// Callers the upstream accepted, at most as many as sessions.
+    accepted: LruCache<String, ()>,
+    len: usize,
+}
+
+/// The caller part of a session id (`key:…` or `anon`), before its first `/`.
+fn caller_of(session: &str) -> &str {
+    session
+        .split_once('/')
+        .map_or(session, |(caller, _)| caller)
+}
+
+impl Table {
+    fn resize(&mut self, group: &str, from: usize, to: usize) {
+        if from > 0 {
+            self.sizes.remove(&(from, group.to_owned()));
+        }
+        if to > 0 {
+            self.sizes.insert((to, group.to_owned()));
+        }
+    }
+
+    fn insert(&mut self, group: &str, session: &str, book: BookRef) {
+        let g = self
+            .groups
+            .entry(group.to_owned())
+            .or_insert_with(LruCache::unbounded);
+        g.put(session.to_owned(), book);
+        let n = g.len();
+        self.len += 1;
+        self.resize(group, n - 1, n);
+    }
+
+    fn remove(&mut self, group: &str, session: &str) -> Option<BookRef> {
+        let g = self.groups.get_mut(group)?;
+        let book = g.pop(session)?;
+        let n = g.len();
+        if n == 0 {
+            self.groups.remove(group);
+        }
+        self.len -= 1;
+        self.resize(group, n + 1, n);
+        Some(book)
+    }
+
+    /// Removes the least recently used session of `group`.
+    fn pop_lru(&mut self, group: &str) -> Option<String> {
+        let g = self.groups.get_mut(group)?;
+        let (id, _) = g.pop_lru()?;
+        let n = g.len();
+        if n == 0 {
+            self.groups.remove(group);
+        }
+        self.len -= 1;
+        self.resize(group, n + 1, n);
+        Some(id)
+    }
+
+    fn size(&self, group: &str) -> usize {
+        self.groups.get(group).map_or(0, LruCache::len)
+    }
 }
 
 impl Books {
     /// An empty table of at most `max` sessions.
     pub fn new(max: usize) -> Books {
+        let max = max.max(1);
         Books {
-            table: Mutex::new(LruCache::unbounded()),
-            max: max.max(1),
+            table: Mutex::new(Table {
+                groups: HashMap::new(),
+                sizes: BTreeSet::new(),
+                accepted: LruCache::new(NonZeroUsize::MIN.saturating_add(max - 1)),
+                len: 0,
+            }),
+            max,
         }
     }
 
-    fn table(&self) -> MutexGuard<'_, LruCache<String, BookRef>> {
+    fn table(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The book of `session`, made the most recently used; a new session beyond the bound
-    /// evicts the least recently used ones, whose ids are returned (their engine state goes
-    /// too). The table's lock is held only for this.
+    /// evicts others (see [`Books`]), whose ids are returned (their engine state goes too). The
+    /// table's lock is held only for this.
     pub fn get(&self, session: &str) -> (BookRef, Vec<String>) {
         let mut table = self.table();
-        let mut evicted = Vec::new();
-        if !table.contains(session) {
-            while table.len() >= self.max {
-                let Some((old, _)) = table.pop_lru() else {
-                    break;
-                };
-                evicted.push(old);
+        let caller = caller_of(session);
+        let accepted = table.accepted.get(caller).is_some() || table.groups.contains_key(caller);
+        let group = if accepted { caller } else { UNVERIFIED };
+        if let Some(book) = table.groups.get_mut(group).and_then(|g| g.get(session)) {
+            return (Arc::clone(book), Vec::new());
+        }
+        if accepted {
+            // Opened before the upstream accepted its caller: it moves to the caller's group.
+            if let Some(book) = table.remove(UNVERIFIED, session) {
+                table.insert(group, session, Arc::clone(&book));
+                return (book, Vec::new());
             }
         }
-        (
-            Arc::clone(table.get_or_insert_ref(session, BookRef::default)),
-            evicted,
-        )
+        let mut evicted = Vec::new();
+        while table.len >= self.max {
+            let own = table.size(group);
+            let victim = match table.sizes.last() {
+                Some((n, _)) if *n <= own => group.to_owned(),
+                Some((_, largest)) => largest.clone(),
+                None => break,
+            };
+            match table.pop_lru(&victim) {
+                Some(id) => evicted.push(id),
+                None => break,
+            }
+        }
+        let book = BookRef::default();
+        table.insert(group, session, Arc::clone(&book));
+        (book, evicted)
+    }
+
+    /// Records that the upstream accepted the key of `session`'s caller: its sessions, from
+    /// their next request on, are its own group.
+    pub fn accepted(&self, session: &str) {
+        let caller = caller_of(session);
+        let mut table = self.table();
+        if table.accepted.get(caller).is_none() {
+            table.accepted.put(caller.to_owned(), ());
+        }
     }
 
     /// How many sessions there are.
     pub fn len(&self) -> usize {
-        self.table().len()
+        self.table().len
     }
 
     /// Whether there are none.
@@ -259,8 +372,9 @@ impl Books {
     /// Every session's id and book.
     pub fn all(&self) -> Vec<(String, BookRef)> {
         self.table()
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .groups
+            .values()
+            .flat_map(|g| g.iter().map(|(k, v)| (k.clone(), Arc::clone(v))))
             .collect()
     }
 
@@ -270,13 +384,21 @@ impl Books {
     pub fn evict_idle(&self, idle_before: u64, keep_unsaved: bool) -> Vec<String> {
         let mut table = self.table();
         let mut evicted = Vec::new();
-        while let Some((id, _)) = table.peek_lru().filter(|(_, b)| {
-            b.try_lock()
-                .is_ok_and(|b| b.last_ms < idle_before && !(keep_unsaved && b.dirty))
-        }) {
-            let id = id.clone();
-            table.pop_lru();
-            evicted.push(id);
+        let groups: Vec<String> = table.groups.keys().cloned().collect();
+        for group in groups {
+            while table
+                .groups
+                .get(&group)
+                .and_then(LruCache::peek_lru)
+                .is_some_and(|(_, b)| {
+                    b.try_lock()
+                        .is_ok_and(|b| b.last_ms < idle_before && !(keep_unsaved && b.dirty))
+                })
+            {
+                if let Some(id) = table.pop_lru(&group) {
+                    evicted.push(id);
+                }
+            }
         }
         evicted
     }
@@ -522,6 +644,67 @@ mod tests {
         let (_, e) = books.get("c");
         assert_eq!(e, ["b"]);
         assert_eq!(books.len(), 2);
+    }
+
+    #[test]
+    fn a_caller_opening_sessions_evicts_its_own_before_another_s() {
+        let books = Books::new(10);
+        for i in 0..6 {
+            books.get(&format!("key:a/{i}"));
+        }
+        books.accepted("key:a/0");
+        books.accepted("key:b/0");
+        // Alice's sessions move to her group as they are used.
+        for i in 0..6 {
+            books.get(&format!("key:a/{i}"));
+        }
+        // Bob opens a thousand sessions: once he holds as many as Alice, he evicts his own.
+        let mut evicted = Vec::new();
+        for i in 0..1000 {
+            evicted.extend(books.get(&format!("key:b/{i}")).1);
+        }
+        assert_eq!(books.len(), 10);
+        assert!(evicted.iter().filter(|id| id.starts_with("key:a/")).count() == 1);
+        let kept: Vec<String> = books.all().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(kept.iter().filter(|id| id.starts_with("key:a/")).count(), 5);
+        // Alice's most recently used are the ones kept.
+        assert!(!kept.contains(&"key:a/0".to_owned()), "{kept:?}");
+    }
+
+    #[test]
+    fn callers_the_upstream_never_accepted_compete_as_one() {
+        let books = Books::new(10);
+        books.accepted("key:a/0");
+        for i in 0..8 {
+            books.get(&format!("key:a/{i}"));
+        }
+        // Ten thousand keys the upstream refuses, a session each: together they are one caller.
+        for i in 0..10_000 {
+            books.get(&format!("key:x{i}/s"));
+        }
+        let kept: Vec<String> = books.all().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(kept.len(), 10);
+        assert_eq!(
+            kept.iter().filter(|id| id.starts_with("key:a/")).count(),
+            5,
+            "{kept:?}"
+        );
+        // A session the flood did not evict keeps its book.
+        let (book, _) = books.get("key:a/7");
+        lock(&book).turns = 3;
+        assert_eq!(lock(&books.get("key:a/7").0).turns, 3);
+    }
+
+    #[test]
+    fn a_session_opened_before_its_caller_was_accepted_keeps_its_book() {
+        let books = Books::new(4);
+        let (book, _) = books.get("key:a/s");
+        lock(&book).turns = 2;
+        books.accepted("key:a/s");
+        let (again, evicted) = books.get("key:a/s");
+        assert!(evicted.is_empty());
+        assert_eq!(lock(&again).turns, 2);
+        assert_eq!(books.len(), 1);
     }
 
     #[test]

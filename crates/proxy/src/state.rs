@@ -145,7 +145,7 @@ pub struct State {
     /// The HTTP client for the upstream.
     pub client: reqwest::Client,
     guard: RwLock<Arc<Guard>>,
-    /// Per-session books, at most `options.max_sessions`, least recently used first out.
+    /// Per-session books, at most `options.max_sessions`, grouped by caller for eviction.
     books: Books,
     /// Sessions shared with other replicas, when the operator named a store.
     shared: Option<Shared>,
@@ -254,6 +254,12 @@ impl State {
     /// How many sessions the proxy holds.
     pub fn session_count(&self) -> usize {
         self.books.len()
+    }
+
+    /// Records that the upstream answered a request of `session` with a success: its caller's
+    /// key is one the upstream accepts, and its sessions get a group of their own for eviction.
+    pub fn upstream_accepted(&self, session: &str) {
+        self.books.accepted(session);
     }
 
     /// A fresh number for an id the proxy makes itself.

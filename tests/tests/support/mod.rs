@@ -110,13 +110,27 @@ impl Upstream {
     }
 }
 
-/// Counts every request the fake receives, whatever its route.
+/// Counts every request the fake receives, whatever its route, and refuses keys starting
+/// with `sk-invalid`.
 async fn count_hit(
     State(f): State<Fake>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     f.hits.fetch_add(1, Ordering::SeqCst);
+    // A key the fake does not accept: OpenAI's 401.
+    let refused = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer sk-invalid"));
+    if refused {
+        return json_body(
+            StatusCode::UNAUTHORIZED,
+            &json!({"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
+                "param": null, "code": "invalid_api_key"}}),
+        );
+    }
     next.run(request).await
 }
 
