@@ -349,14 +349,25 @@ impl Books {
         (book, evicted)
     }
 
-    /// Records that the upstream accepted the key of `session`'s caller: its sessions, from
-    /// their next request on, are its own group.
+    /// Records that the upstream accepted the key of `session`'s caller (or of the caller
+    /// itself, `key:…`): its sessions, from their next request on, are its own group.
     pub fn accepted(&self, session: &str) {
         let caller = caller_of(session);
         let mut table = self.table();
         if table.accepted.get(caller).is_none() {
             table.accepted.put(caller.to_owned(), ());
         }
+    }
+
+    /// The callers the upstream accepted, least recently first (for a state file; each is
+    /// `key:` and a keyed hash, or `anon`).
+    pub fn accepted_callers(&self) -> Vec<String> {
+        self.table()
+            .accepted
+            .iter()
+            .rev()
+            .map(|(caller, ())| caller.clone())
+            .collect()
     }
 
     /// How many sessions there are.

@@ -415,12 +415,14 @@ impl State {
             .into_iter()
             .filter_map(|(id, b)| Some((id, serde_json::to_value(&*lock(&b)).ok()?)))
             .collect();
-        // The session ids' key goes with them: restored sessions keep their ids.
+        // The session ids' key goes with them: restored sessions keep their ids, and the
+        // callers the upstream accepted (keyed hashes) keep their own groups.
         json!({
             "version": 2,
             "key": self.seed.load(Ordering::Relaxed).to_string(),
             "snapshot": guard.engine.snapshot(),
             "books": books,
+            "accepted": self.books.accepted_callers(),
         })
     }
 
@@ -450,6 +452,16 @@ impl State {
             _ => return Err("not a loopguard proxy state file of version 1 or 2".to_owned()),
         };
         self.seed.store(key, Ordering::Relaxed);
+        for caller in doc
+            .get("accepted")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|c| c.len() <= crate::session::MAX_ID && !c.contains('/'))
+        {
+            self.books.accepted(caller);
+        }
         let mut restored = 0;
         for (model, snapshot) in snapshots {
             let (ids, skipped) = engine
@@ -1705,6 +1717,19 @@ mod tests {
         let later = now_ms() + Duration::from_secs(7200).as_millis() as u64;
         assert_eq!(s.evict_idle(later), 1);
         assert_eq!(s.session_count(), 0);
+    }
+
+    #[test]
+    fn a_state_file_keeps_the_callers_the_upstream_accepted() {
+        let s = state(NudgePlacement::Context);
+        let mut body = request(vec![]);
+        let _ = prep(&s, Wire::Chat, &HeaderMap::new(), &mut body);
+        s.upstream_accepted("key:00000000000000aa/x");
+        let doc = s.sessions_document();
+        assert_eq!(doc["accepted"], json!(["key:00000000000000aa"]), "{doc}");
+        let again = state(NudgePlacement::Context);
+        assert_eq!(again.restore_sessions(&doc), Ok(1));
+        assert_eq!(again.sessions_document()["accepted"], doc["accepted"]);
     }
 
     #[test]
