@@ -265,28 +265,26 @@ impl Table {
     }
 
     fn remove(&mut self, group: &str, session: &str) -> Option<BookRef> {
-        let g = self.groups.get_mut(group)?;
-        let book = g.pop(session)?;
-        let n = g.len();
-        if n == 0 {
-            self.groups.remove(group);
-        }
-        self.len -= 1;
-        self.resize(group, n + 1, n);
+        let book = self.groups.get_mut(group)?.pop(session)?;
+        self.shrunk(group);
         Some(book)
     }
 
     /// Removes the least recently used session of `group`.
     fn pop_lru(&mut self, group: &str) -> Option<String> {
-        let g = self.groups.get_mut(group)?;
-        let (id, _) = g.pop_lru()?;
-        let n = g.len();
+        let (id, _) = self.groups.get_mut(group)?.pop_lru()?;
+        self.shrunk(group);
+        Some(id)
+    }
+
+    /// Accounts for one session taken out of `group` (dropped when it is left empty).
+    fn shrunk(&mut self, group: &str) {
+        let n = self.size(group);
         if n == 0 {
             self.groups.remove(group);
         }
         self.len -= 1;
         self.resize(group, n + 1, n);
-        Some(id)
     }
 
     fn size(&self, group: &str) -> usize {
