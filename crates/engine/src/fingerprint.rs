@@ -313,6 +313,108 @@ fn is_read_only_key_bytes(k: &[u8]) -> bool {
     matches!(k, b"command" | b"action" | b"mode" | b"operation")
 }
 
+/// What a call's top-level arguments say about whether it only waits: an empty text to send
+/// and a time to wait (`{"keystrokes": "", "duration": 30}`, `{"session_id": 3, "chars": "",
+/// "yield_time_ms": 5000}`), with nothing else but ids, numbers and flags. A terminal agent
+/// sends such a call to let a command run on and to look at the screen again, whatever its
+/// tool is named: it is a wait (`flag::WAIT`), as `sleep` is.
+#[derive(Clone, Copy, Default)]
+struct WaitArgs {
+    /// A number under a key that names a time to wait.
+    time: bool,
+    /// An empty string under a key that names text to send.
+    empty_input: bool,
+    /// Anything else that asks for work: a string other than an id, an array, an object.
+    other: bool,
+}
+
+/// The kind of a top-level argument value, for [`WaitArgs`].
+#[derive(Clone, Copy)]
+enum ArgKind {
+    EmptyStr,
+    Str,
+    Number,
+    /// `true`, `false`, `null`.
+    Flag,
+    /// An array or an object.
+    Nested,
+}
+
+impl WaitArgs {
+    #[inline]
+    fn see(&mut self, k: &[u8], v: ArgKind) {
+        if self.other {
+            return;
+        }
+        match v {
+            ArgKind::Number => self.time |= is_wait_time_key(k),
+            ArgKind::EmptyStr => self.empty_input |= is_input_key(k),
+            ArgKind::Str => self.other = !is_ident_key(k),
+            ArgKind::Flag => {}
+            ArgKind::Nested => self.other = true,
+        }
+    }
+
+    fn waits(&self) -> bool {
+        self.time && self.empty_input && !self.other
+    }
+}
+
+/// Keys that name a time to wait.
+fn is_wait_time_key(k: &[u8]) -> bool {
+    const KEYS: [&[u8]; 18] = [
+        b"duration",
+        b"wait",
+        b"wait_time",
+        b"wait_ms",
+        b"wait_seconds",
+        b"wait_secs",
+        b"timeout",
+        b"timeout_ms",
+        b"timeout_seconds",
+        b"yield_time_ms",
+        b"yield_ms",
+        b"seconds",
+        b"secs",
+        b"delay",
+        b"delay_ms",
+        b"sleep",
+        b"sleep_ms",
+        b"duration_ms",
+    ];
+    KEYS.iter().any(|w| w.eq_ignore_ascii_case(k))
+}
+
+/// Keys that name text sent to a terminal or a process.
+fn is_input_key(k: &[u8]) -> bool {
+    const KEYS: [&[u8]; 8] = [
+        b"keystrokes",
+        b"keys",
+        b"chars",
+        b"input",
+        b"text",
+        b"data",
+        b"stdin",
+        b"command",
+    ];
+    KEYS.iter().any(|w| w.eq_ignore_ascii_case(k))
+}
+
+/// Keys that name what is waited on rather than work to do: an id (`session_id`, `bashId`,
+/// `id`), a session, a terminal or its pane.
+fn is_ident_key(k: &[u8]) -> bool {
+    const KEYS: [&[u8]; 6] = [
+        b"session",
+        b"terminal",
+        b"pane",
+        b"window",
+        b"tab",
+        b"target",
+    ];
+    k.len() >= 2 && k[k.len() - 2..].eq_ignore_ascii_case(b"id")
+        || KEYS.iter().any(|w| w.eq_ignore_ascii_case(k))
+}
+
 /// The values of a [read-only key](is_read_only_key) that ask only to look.
 /// A screen tool's looks (`computer` with `action: screenshot`) are among them: the actions
 /// around them change the screen, they only show it.
@@ -505,9 +607,20 @@ impl FingerprintRules {
         let mut read_only = false;
         let mut edit = EditSides::<&str>::default();
         let mut target = 0u64;
+        let mut wait = WaitArgs::default();
         for (k, x) in map {
             let kh = key_hash(k);
             let role = tool.role(kh, k);
+            wait.see(
+                k.as_bytes(),
+                match x {
+                    Value::String(s) if s.is_empty() => ArgKind::EmptyStr,
+                    Value::String(_) => ArgKind::Str,
+                    Value::Number(_) => ArgKind::Number,
+                    Value::Bool(_) | Value::Null => ArgKind::Flag,
+                    Value::Array(_) | Value::Object(_) => ArgKind::Nested,
+                },
+            );
             if role.read_only
                 && let Value::String(s) = x
                 && looks_read_only(s)
@@ -576,6 +689,7 @@ impl FingerprintRules {
             read_only,
             noop_edit: edit.same(|a, b| a == b),
             target,
+            wait: wait.waits(),
             ..CallKeys::default()
         };
         if let Some(c) = command

@@ -571,7 +571,9 @@ pub(super) fn without_id_ends(masked: &str) -> &str {
 
 /// Hashes a line of an error with its quoted parts as `<q>`: an error that echoes what it was
 /// given (`old_str \`x\` did not appear`, `No order with id 'ORD-1'`) is the same error for
-/// other input. An apostrophe inside a word (`doesn't`) is not a quote.
+/// other input. An apostrophe inside a word (`doesn't`) is not a quote. A quoted token of
+/// syntax (at most [`SYNTAX_TOKEN`] bytes, no letter or digit: `unmatched ']'`, `expected
+/// ':'`) is kept: it names which error it is, not what the call was given.
 fn signature_line(h: &mut StreamHasher, line: &[u8]) {
     let mut i = 0;
     let mut from = 0;
@@ -580,15 +582,30 @@ fn signature_line(h: &mut StreamHasher, line: &[u8]) {
         let opens =
             matches!(q, b'\'' | b'"' | b'`') && (i == 0 || !line[i - 1].is_ascii_alphanumeric());
         if opens && let Some(len) = line[i + 1..].iter().take(200).position(|&c| c == q) {
-            h.bytes(&line[from..i]);
-            h.bytes(b"<q>");
+            // A token of syntax stays as it is written, its closing quote with it.
+            if !is_syntax_token(&line[i + 1..i + 1 + len]) {
+                h.bytes(&line[from..i]);
+                h.bytes(b"<q>");
+                from = i + len + 2;
+            }
             i += len + 2;
-            from = i;
             continue;
         }
         i += 1;
     }
     h.bytes(&line[from..]);
+}
+
+/// The longest quoted token of syntax an error's signature keeps ([`signature_line`]).
+const SYNTAX_TOKEN: usize = 3;
+
+/// Whether a quoted part is a token of syntax: a few bytes of punctuation (no letter, digit or
+/// `_`, which spell names), spaces around them allowed.
+fn is_syntax_token(quoted: &[u8]) -> bool {
+    let token = |c: &u8| c.is_ascii_punctuation() && *c != b'_';
+    quoted.len() <= SYNTAX_TOKEN
+        && quoted.iter().all(|c| token(c) || *c == b' ')
+        && quoted.iter().any(token)
 }
 
 /// Results with this many lines or more have their first and last lines compared with every

@@ -1248,30 +1248,31 @@ fn polling_a_background_job_that_says_it_is_still_running_is_a_poll() {
         false,
     );
     assert!(c.is_allow() && r.is_allow(), "{c:?} {r:?}");
-    // Five looks at a job that is still running: waiting, not a loop.
-    for i in 0..5 {
-        let (c, r) = h.run(
-            "BashOutput",
-            json!({"bash_id": "465bc5"}),
-            &running(i),
-            false,
-        );
-        assert!(c.is_allow() && r.is_allow(), "poll {i}: {c:?} {r:?}");
-    }
-    // A job that never finishes is still a loop, later.
-    let mut flagged = None;
-    for i in 5..12 {
-        let (c, r) = h.run(
-            "BashOutput",
-            json!({"bash_id": "465bc5"}),
-            &running(i),
-            false,
-        );
-        if flagged.is_none() && !(c.is_allow() && r.is_allow()) {
-            flagged = Some(i + 1);
+    // Looks at a job that is still running: waiting, not a loop, until three times the
+    // threshold (3); a job that never finishes is still a loop, and each further flag, up the
+    // ladder, takes as many looks again.
+    let mut flags = Vec::new();
+    for i in 1..=27 {
+        let (c, id) = h.call("BashOutput", json!({"bash_id": "465bc5"}));
+        let r = if c.action == Action::Block {
+            Verdict::allow()
+        } else {
+            h.result(&id, &running(i), false)
+        };
+        for v in [c, r] {
+            if !v.is_allow() {
+                flags.push((i, v.action));
+            }
         }
     }
-    assert_eq!(flagged, Some(6));
+    assert_eq!(
+        flags,
+        [
+            (9, Action::Warn),
+            (18, Action::Block),
+            (27, Action::Terminate)
+        ]
+    );
     // The same looks at a job that says nothing of its state are repeats at the threshold.
     let mut h = H::default();
     let looks: Vec<bool> = (0..3)
@@ -1288,6 +1289,47 @@ fn polling_a_background_job_that_says_it_is_still_running_is_a_poll() {
     assert_eq!(looks, [true, true, false]);
 }
 
+/// A wait on a process that says it is still running (Codex's `write_stdin` with nothing to
+/// write) is never a repeat, but the same screen again and again is: at the pace of a poll of
+/// work still under way.
+#[test]
+fn waiting_on_a_process_that_never_ends_is_flagged_at_the_pace_of_a_poll() {
+    let mut h = H::default();
+    let (c, r) = h.run(
+        "exec_command",
+        json!({"cmd": "npm run serve", "yield_time_ms": 10000}),
+        "Process running with session ID 3\nOutput:\n> serve\n",
+        false,
+    );
+    assert!(c.is_allow() && r.is_allow(), "{c:?} {r:?}");
+    let mut flags = Vec::new();
+    for i in 1..=19 {
+        let (c, id) = h.call(
+            "write_stdin",
+            json!({"session_id": 3, "chars": "", "yield_time_ms": 30000}),
+        );
+        let r = if c.action == Action::Block {
+            Verdict::allow()
+        } else {
+            h.result(&id, "Process running with session ID 3\nOutput:\n", false)
+        };
+        for v in [c, r] {
+            if !v.is_allow() {
+                flags.push((i, v.action, v.detector.unwrap_or_default().into_owned()));
+            }
+        }
+    }
+    assert_eq!(
+        flags,
+        [
+            (9, Action::Warn, "no_progress".to_owned()),
+            // A loop found in a result: the call already ran, so the next one is refused.
+            (18, Action::Warn, "no_progress".to_owned()),
+            (19, Action::Block, "no_progress".to_owned())
+        ]
+    );
+}
+
 #[test]
 fn pending_patterns_read_both_ends_of_a_successful_result() {
     let c = default_config();
@@ -1297,6 +1339,12 @@ fn pending_patterns_read_both_ends_of_a_successful_result() {
         "{\"id\": 7, \"status\": \"in_progress\", \"conclusion\": null}"
     ));
     assert!(pending("build 41 is still running"));
+    assert!(pending(
+        "Chunk ID: 4f1a\nWall time: 5.0 seconds\nProcess running with session ID 3\nOutput:\nCompiling app v0.1.0"
+    ));
+    assert!(!pending(
+        "Chunk ID: 4f1a\nWall time: 0.2 seconds\nProcess exited with code 0\nOutput:\nok"
+    ));
     assert!(pending(&format!(
         "{}\nWaiting for deployment \"api\" rollout to finish: 1 of 3 updated",
         "log line\n".repeat(200)
@@ -1306,8 +1354,8 @@ fn pending_patterns_read_both_ends_of_a_successful_result() {
     assert!(!pending(""));
 }
 
-/// A wait that shows something (a terminal's screen after an empty batch of keystrokes, a
-/// page after `browser_wait_for`) looks, as a poll does: the same screen again and again is
+/// A wait that shows something (a terminal's screen after an empty batch of keystrokes, to
+/// whatever tool it is sent, a page after `browser_wait_for`) looks, as a poll does: the same screen again and again is
 /// no progress, at twice the threshold; a changing screen is progress, and a wait that shows
 /// nothing (`sleep 30`) is never counted.
 #[test]
@@ -1322,6 +1370,14 @@ fn a_wait_that_shows_the_same_screen_again_and_again_is_no_progress() {
     // An empty batch of keystrokes, and a waiting tool.
     for (tool, args) in [
         ("bash_command", json!({"keystrokes": "", "duration": 30})),
+        (
+            "send_keystrokes",
+            json!({"keystrokes": "", "duration": 120.0}),
+        ),
+        (
+            "write_stdin",
+            json!({"session_id": 7, "chars": "", "yield_time_ms": 30000}),
+        ),
         ("wait", json!({})),
     ] {
         let mut h = H::default();

@@ -439,7 +439,8 @@ fn named_error(output: &str, mask_numbers: bool, max_bytes: usize) -> u64 {
 
 /// A line with its quoted parts (`'x'`, `"x"`, `` `x` ``, up to 200 bytes, opened where no
 /// letter or digit comes before) as `<q>`: an error that echoes what it was given is the same
-/// error for other input.
+/// error for other input. A quoted token of syntax (a few bytes of punctuation: `unmatched
+/// ']'`) is kept: it names which error it is, as the engine's failure signature keeps it.
 fn without_quoted(line: &str) -> String {
     let b = line.as_bytes();
     let mut out = String::with_capacity(line.len());
@@ -449,16 +450,25 @@ fn without_quoted(line: &str) -> String {
         let opens =
             matches!(q, b'\'' | b'"' | b'`') && (i == 0 || !b[i - 1].is_ascii_alphanumeric());
         if opens && let Some(len) = b[i + 1..].iter().take(200).position(|&c| c == q) {
-            out.push_str(&line[from..i]);
-            out.push_str("<q>");
+            if !is_syntax_token(&b[i + 1..i + 1 + len]) {
+                out.push_str(&line[from..i]);
+                out.push_str("<q>");
+                from = i + len + 2;
+            }
             i += len + 2;
-            from = i;
             continue;
         }
         i += 1;
     }
     out.push_str(&line[from..]);
     out
+}
+
+/// Whether a quoted part is a token of syntax: at most three bytes of punctuation (no letter,
+/// digit or `_`, which spell names), spaces around them allowed.
+fn is_syntax_token(quoted: &[u8]) -> bool {
+    let token = |c: &u8| c.is_ascii_punctuation() && *c != b'_';
+    quoted.len() <= 3 && quoted.iter().all(|c| token(c) || *c == b' ') && quoted.iter().any(token)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -885,11 +895,20 @@ mod tests {
         // The same error for other input (quoted parts) is one outcome.
         assert!(
             run(&[
+                "F821 undefined name 'total'",
+                "F821 undefined name 'totals'",
+                "F821 undefined name 'sum_total'",
+            ])
+            .is_some()
+        );
+        // The token of syntax a parser quotes names which error it is.
+        assert!(
+            run(&[
                 "E999 SyntaxError: '(' was never closed",
                 "E999 SyntaxError: '[' was never closed",
                 "E999 SyntaxError: '{' was never closed",
             ])
-            .is_some()
+            .is_none()
         );
     }
 

@@ -9,7 +9,9 @@ use loopguard_rules::config::{Counted, Cycle};
 #[cfg(test)]
 use loopguard_rules::config::{ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
 
-use super::{Det, Detection, Involved, Record, Window, flag, for_record, needed};
+use super::{
+    Det, Detection, Involved, Record, Window, flag, for_record, needed, pending_due, polls_pending,
+};
 
 #[cfg(test)]
 /// Counts the current call plus earlier matching calls. Retried calls after a retryable error
@@ -346,10 +348,22 @@ fn detect_all(
     allowance: u32,
     unknown: bool,
 ) -> Option<[Option<Detection>; 6]> {
-    let (found, repeated) = scan_window(w, d, allowance, unknown);
+    let (mut found, repeated) = scan_window(w, d, allowance, unknown);
+    // A call that is an exact repeat is not also reported as a fuzzy one, flagged or not.
+    if found.exact.is_some() {
+        found.fuzzy = None;
+    }
+    if polls_pending(w, 0) {
+        let due = |f: &mut Option<Detection>, threshold: u32| {
+            *f = f.filter(|f| pending_due(f.count, threshold, allowance));
+        };
+        due(&mut found.exact, d.exact_repeat.threshold);
+        due(&mut found.fuzzy, d.fuzzy_repeat.threshold);
+        due(&mut found.interleaved, d.interleaved.threshold);
+    }
     let all = [
         found.exact,
-        found.fuzzy.filter(|_| found.exact.is_none()),
+        found.fuzzy,
         // A cycle's first step is the current call one period back: none without another
         // live call with the current call's exact key.
         repeated.then(|| cycle(w, &d.cycle, allowance)).flatten(),

@@ -65,6 +65,36 @@ pub fn for_record(threshold: u32, r: &Record) -> u32 {
     }
 }
 
+/// How many times their threshold the repeat detectors (`exact_repeat`, `fuzzy_repeat`,
+/// `interleaved`; `no_progress` for a wait) need before they flag a poll of work that its previous look
+/// said was still under way ([`polls_pending`]), and how many more polls each further flag
+/// takes: a job that reports itself running changes by itself, and a long build or test run
+/// takes many looks. Its counts still climb the ladder, a third as fast, so a job that never
+/// ends is still stopped.
+pub const PENDING_SLACK: u32 = 3;
+
+/// Whether the record at `k` polls work still under way: the newest older run of its exact
+/// call (one refused, which never ran, is passed over) had a result that said so
+/// (`flag::PENDING`).
+pub fn polls_pending(w: &Window<'_>, k: usize) -> bool {
+    let Some(cur) = w.get(k) else {
+        return false;
+    };
+    w.iter()
+        .skip(k + 1)
+        .find(|r| r.exact == cur.exact && r.real_result())
+        .is_some_and(|r| r.has(flag::PENDING))
+}
+
+/// Whether a repeat detector with `threshold` flags a poll of work still under way at `count`
+/// repeats: at [`PENDING_SLACK`] times the threshold (plus the user's `allowance`), then every
+/// [`PENDING_SLACK`] times the threshold more.
+pub fn pending_due(count: u32, threshold: u32, allowance: u32) -> bool {
+    let step = threshold.max(1).saturating_mul(PENDING_SLACK);
+    let first = step.saturating_add(allowance);
+    count >= first && (count - first).is_multiple_of(step)
+}
+
 /// The count a repeat needs: `threshold` (plus the user's `allowance`) for repeats back to
 /// back, one more when other calls came between them (the agent was doing other things too).
 /// `span` is how many window positions the counted repeats cover.

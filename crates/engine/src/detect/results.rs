@@ -37,7 +37,15 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
     let r = w.get(k)?;
     // A wait that shows nothing is never counted; one that shows something (a terminal's
     // screen after a wait, a page after `browser_wait_for`) looks, as a poll does.
-    if !p.enabled || !r.real_result() || (r.has(flag::WAIT) && r.has(flag::EMPTY)) {
+    // A poll of work still under way is expected to show the same until the work ends: how
+    // often it may look is the call detectors' to judge ([`super::pending_due`]), or, for a
+    // wait, which they do not count, this detector's at the same pace.
+    let pending = super::polls_pending(w, k);
+    if !p.enabled
+        || !r.real_result()
+        || (r.has(flag::WAIT) && r.has(flag::EMPTY))
+        || (pending && !r.has(flag::WAIT))
+    {
         return None;
     }
     let mut count = 1u32;
@@ -61,7 +69,12 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
     } else {
         for_record(p.threshold, r)
     };
-    (count >= needed(threshold, allowance, count, start - k + 1)).then(|| Detection {
+    let due = if pending {
+        super::pending_due(count, p.threshold, allowance)
+    } else {
+        count >= needed(threshold, allowance, count, start - k + 1)
+    };
+    due.then(|| Detection {
         tool: Some(r.tool),
         involved: Involved::Exact(r.exact),
         start_seq: w.seq(start),

@@ -16,8 +16,8 @@ use regex::Regex;
 use serde_json::Number;
 
 use super::{
-    CallKeys, EditSides, FingerprintRules, HI, LO, PATH_KEYS, Role, ToolKeys, combine,
-    looks_read_only, number_bits,
+    ArgKind, CallKeys, EditSides, FingerprintRules, HI, LO, PATH_KEYS, Role, ToolKeys, WaitArgs,
+    combine, looks_read_only, number_bits,
 };
 use crate::hash::{hash_bytes, mix, tag};
 
@@ -213,6 +213,7 @@ impl<'a> Scanner<'a> {
         let mut paths: [(&[u8], Kind); PATH_KEYS.len()] = [(b"", Kind::Null); PATH_KEYS.len()];
         let mut n_paths = 0usize;
         let mut only_path = tool.read_tool;
+        let mut wait = WaitArgs::default();
         while let Some((k, kh)) = self.next_member(&mut members)? {
             let role = tool.role_of_bytes(kh, k);
             let path_key = role.path;
@@ -221,6 +222,14 @@ impl<'a> Scanner<'a> {
                 b'"' => {
                     let (src, plain) = self.string::<true>()?;
                     let v = self.str_of(src)?;
+                    wait.see(
+                        k,
+                        if v.is_empty() {
+                            ArgKind::EmptyStr
+                        } else {
+                            ArgKind::Str
+                        },
+                    );
                     if role.read_only && looks_read_only(v) {
                         read_only = true;
                     }
@@ -231,11 +240,30 @@ impl<'a> Scanner<'a> {
                     }
                     (Kind::Str(src), mix(tag::STRING, text), Some(text))
                 }
-                b'n' => (Kind::Null, self.value(f, tool, false, 0)?, None),
+                b'n' => {
+                    wait.see(k, ArgKind::Flag);
+                    (Kind::Null, self.value(f, tool, false, 0)?, None)
+                }
                 b'[' if role.command.is_some() => return None,
-                b'[' => (Kind::Array, self.value(f, tool, path_key, 0)?, None),
-                b'-' | b'0'..=b'9' => (Kind::Other, mix(tag::NUMBER, self.number()?), None),
-                _ => (Kind::Other, self.value(f, tool, false, 0)?, None),
+                b'[' => {
+                    wait.see(k, ArgKind::Nested);
+                    (Kind::Array, self.value(f, tool, path_key, 0)?, None)
+                }
+                b'-' | b'0'..=b'9' => {
+                    wait.see(k, ArgKind::Number);
+                    (Kind::Other, mix(tag::NUMBER, self.number()?), None)
+                }
+                c => {
+                    wait.see(
+                        k,
+                        if c == b'{' {
+                            ArgKind::Nested
+                        } else {
+                            ArgKind::Flag
+                        },
+                    );
+                    (Kind::Other, self.value(f, tool, false, 0)?, None)
+                }
             };
             if let Some(pos) = role.command
                 && command.is_none_or(|c| pos < c.0)
@@ -275,6 +303,7 @@ impl<'a> Scanner<'a> {
             read_only,
             noop_edit: edit.same(|a, b| self.str_of(a).is_some_and(|a| Some(a) == self.str_of(b))),
             target,
+            wait: wait.waits(),
             ..CallKeys::default()
         };
         if let Some((_, Kind::Str(src), text)) = command {

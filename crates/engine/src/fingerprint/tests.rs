@@ -531,6 +531,11 @@ const ARB_KEYS: &[&str] = &[
     "x",
     "cwd",
     "nested_dir",
+    "keystrokes",
+    "chars",
+    "duration",
+    "yield_time_ms",
+    "session_id",
 ];
 
 /// Strings that exercise canonical forms, escapes, URLs, paths and shell commands.
@@ -644,6 +649,45 @@ fn parsed_keys(f: &FingerprintRules, t: &ToolKeys, s: &str, tests: &[Regex]) -> 
 }
 
 const ARB_TOOLS: &[&str] = &["bash", "read_file", "str_replace_editor", "grep", "x"];
+
+#[test]
+fn an_empty_text_to_send_and_a_time_to_wait_is_a_wait_for_any_tool() {
+    let (c, f) = rules();
+    let tests = &c.detectors.test_fix.test_commands;
+    let waits = |tool: &str, s: &str| {
+        let t = f.tool_keys(c, tool);
+        let raw = f.keys(&t, &Arguments::Raw(s), tests);
+        let v: Value = serde_json::from_str(s).unwrap();
+        assert_eq!(raw, f.keys(&t, &Arguments::Json(&v), tests), "{tool} {s}");
+        raw.wait
+    };
+    for tool in ["send_keystrokes", "write_stdin", "bash", "x"] {
+        for s in [
+            r#"{"keystrokes": "", "duration": 30.0}"#,
+            r#"{"session_id": 3, "chars": "", "yield_time_ms": 5000}"#,
+            r#"{"sessionId": "a1", "input": "", "timeout": 10, "raw": false}"#,
+        ] {
+            assert!(waits(tool, s), "{tool} {s}");
+        }
+        // A shell tool's empty command line waits whatever else comes with it (the shell's
+        // own rule).
+        if tool == "bash" {
+            continue;
+        }
+        for s in [
+            // Something is sent, or something else is asked for.
+            r#"{"keystrokes": "make\n", "duration": 30.0}"#,
+            r#"{"keystrokes": "", "duration": 30.0, "path": "/app"}"#,
+            r#"{"chars": "", "yield_time_ms": 5000, "extra": ["x"]}"#,
+            r#"{"query": "", "timeout": 5}"#,
+            // No time to wait, or none named.
+            r#"{"keystrokes": ""}"#,
+            r#"{"keystrokes": "", "count": 30}"#,
+        ] {
+            assert!(!waits(tool, s), "{tool} {s}");
+        }
+    }
+}
 
 #[test]
 fn raw_scan_handles_what_it_should() {

@@ -190,6 +190,23 @@ fn a_failure_signature_holds_the_line_naming_its_error() {
         indent.digest,
         rejected("E999 IndentationError: unexpected indent").digest
     );
+    // A quoted token of syntax names the error; a quoted name echoes the input.
+    let unmatched =
+        |token: &str| rejected(&format!("E999 SyntaxError: unmatched '{token}'")).digest;
+    assert_ne!(unmatched("]"), unmatched(")"));
+    assert_eq!(unmatched(")"), unmatched(")"));
+    // The token's closing quote opens no quote of its own.
+    let near = |name: &str| {
+        rejected(&format!(
+            "E999 SyntaxError: unmatched ')' near '{name}' here"
+        ))
+        .digest
+    };
+    assert_eq!(near("x"), near("total_count"));
+    let undefined =
+        |name: &str| rejected(&format!("E999 NameError: undefined name '{name}'")).digest;
+    assert_eq!(undefined("x"), undefined("pixel_array"));
+    assert_eq!(undefined("_"), undefined("a_b"));
     // A failure whose first or last line names its error is known by those lines alone.
     let trace = |middle: &str| {
         out(&format!(
