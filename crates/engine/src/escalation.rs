@@ -241,11 +241,21 @@ pub(crate) fn decide<'a>(
 /// (`categories.<name>/…`) when `category_name` is given.
 pub(crate) fn rule_name(category_name: &str, ladder: &str, step: Option<(usize, &Step)>) -> String {
     let i = step.map_or(0, |(i, _)| i);
-    if category_name.is_empty() {
-        format!("ladders.{ladder}[{i}]")
-    } else {
-        format!("categories.{category_name}/ladders.{ladder}[{i}]")
+    // Pieces pushed into one allocation (`format!` costs several times as much, on every
+    // verdict).
+    let mut rule = String::with_capacity(category_name.len() + ladder.len() + 32);
+    if !category_name.is_empty() {
+        rule.push_str("categories.");
+        rule.push_str(category_name);
+        rule.push('/');
     }
+    rule.push_str("ladders.");
+    rule.push_str(ladder);
+    rule.push('[');
+    // Writing into a `String` cannot fail.
+    let _ = crate::message::push_number(&mut rule, i);
+    rule.push(']');
+    rule
 }
 
 #[cfg(test)]

@@ -37,18 +37,39 @@ type Fill = fn(&mut String, &Vars<'_>) -> std::fmt::Result;
 /// `loopguard_rules::schema::PLACEHOLDERS`, no more, no fewer.
 const FILLERS: &[(&str, Fill)] = &[
     ("tool", |o, v| o.write_str(v.tool)),
-    ("count", |o, v| write!(o, "{}", v.count)),
+    ("count", |o, v| push_number(o, v.count as usize)),
     ("detector", |o, v| o.write_str(v.detector)),
     ("rule", |o, v| o.write_str(v.rule)),
     ("pattern", |o, v| o.write_str(v.pattern)),
     ("category", |o, v| o.write_str(v.category)),
-    ("threshold", |o, v| write!(o, "{}", v.threshold)),
-    ("window", |o, v| write!(o, "{}", v.window)),
+    ("threshold", |o, v| push_number(o, v.threshold as usize)),
+    ("window", |o, v| push_number(o, v.window)),
     ("file", |o, v| o.write_str(v.file)),
-    ("flags", |o, v| write!(o, "{}", v.flags)),
+    ("flags", |o, v| push_number(o, v.flags as usize)),
     ("action", |o, v| o.write_str(v.action)),
-    ("workers", |o, v| write!(o, "{}", v.workers)),
+    ("workers", |o, v| push_number(o, v.workers as usize)),
 ];
+
+/// Writes `n` in decimal, as `{}` would: each verdict's message has a number or two, and the
+/// formatting machinery costs several times the digits.
+pub(crate) fn push_number(out: &mut String, mut n: usize) -> std::fmt::Result {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        if let Some(d) = digits.get_mut(at) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    for &d in digits.get(at..).unwrap_or_default() {
+        out.push(char::from(d));
+    }
+    Ok(())
+}
 
 /// Appended to a message when failing shell commands do what the file tools do.
 const FILE_TOOLS_HINT: &str =
@@ -152,9 +173,12 @@ fn default_template(action: Action) -> &'static str {
 /// Renders a template: `{name}` placeholders are replaced, `{{` and `}}` are literal braces,
 /// unknown placeholders are kept as written.
 pub(crate) fn render(template: &str, v: &Vars<'_>) -> String {
-    let mut out = String::with_capacity(template.len() + 32);
+    // Room for the values too (a pattern's words, a tool's name), so the message is allocated
+    // once.
+    let mut out = String::with_capacity(template.len() + 96);
     let mut rest = template;
-    while let Some(i) = rest.find(['{', '}']) {
+    // Braces are ASCII: found as bytes, always on a character boundary.
+    while let Some(i) = memchr::memchr2(b'{', b'}', rest.as_bytes()) {
         out.push_str(&rest[..i]);
         let r = &rest[i..];
         if r.starts_with("{{") || r.starts_with("}}") {
@@ -230,6 +254,19 @@ mod tests {
                 "{template} is not filled"
             );
         }
+    }
+
+    #[test]
+    fn numbers_are_written_as_format_writes_them() {
+        for n in [0, 1, 9, 10, 99, 100, 4_096, u32::MAX as usize, usize::MAX] {
+            let mut s = String::from("x");
+            let _ = push_number(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+        assert_eq!(
+            crate::escalation::rule_name("shell", "default", None),
+            "categories.shell/ladders.default[0]"
+        );
     }
 
     #[test]
