@@ -353,7 +353,8 @@ fn detect_all(
     if found.exact.is_some() {
         found.fuzzy = None;
     }
-    if polls_pending(w, 0) {
+    let flagged = found.exact.is_some() || found.fuzzy.is_some() || found.interleaved.is_some();
+    if flagged && polls_pending(w, 0) {
         let due = |f: &mut Option<Detection>, threshold: u32| {
             *f = f.filter(|f| pending_due(f.count, threshold, allowance));
         };

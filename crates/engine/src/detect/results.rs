@@ -37,15 +37,7 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
     let r = w.get(k)?;
     // A wait that shows nothing is never counted; one that shows something (a terminal's
     // screen after a wait, a page after `browser_wait_for`) looks, as a poll does.
-    // A poll of work still under way is expected to show the same until the work ends: how
-    // often it may look is the call detectors' to judge ([`super::pending_due`]), or, for a
-    // wait, which they do not count, this detector's at the same pace.
-    let pending = super::polls_pending(w, k);
-    if !p.enabled
-        || !r.real_result()
-        || (r.has(flag::WAIT) && r.has(flag::EMPTY))
-        || (pending && !r.has(flag::WAIT))
-    {
+    if !p.enabled || !r.real_result() || (r.has(flag::WAIT) && r.has(flag::EMPTY)) {
         return None;
     }
     let mut count = 1u32;
@@ -69,11 +61,13 @@ pub fn no_progress(w: &Window<'_>, k: usize, p: &Counted, allowance: u32) -> Opt
     } else {
         for_record(p.threshold, r)
     };
-    let due = if pending {
-        super::pending_due(count, p.threshold, allowance)
-    } else {
-        count >= needed(threshold, allowance, count, start - k + 1)
-    };
+    // A poll of work still under way is expected to show the same until the work ends: how
+    // often it may look is the call detectors' to judge ([`super::pending_due`]), or, for a
+    // wait, which they do not count, this detector's at the same pace. That pace is slower, so
+    // the window is read for it only where the count is due anyway.
+    let due = count >= needed(threshold, allowance, count, start - k + 1)
+        && (!super::polls_pending(w, k)
+            || (r.has(flag::WAIT) && super::pending_due(count, p.threshold, allowance)));
     due.then(|| Detection {
         tool: Some(r.tool),
         involved: Involved::Exact(r.exact),
