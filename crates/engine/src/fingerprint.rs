@@ -360,59 +360,70 @@ impl WaitArgs {
     }
 }
 
+/// Whether `k` is one of `keys`, whatever its case.
+fn one_of(k: &[u8], keys: &[&[u8]]) -> bool {
+    keys.iter().any(|w| w.eq_ignore_ascii_case(k))
+}
+
 /// Keys that name a time to wait.
 fn is_wait_time_key(k: &[u8]) -> bool {
-    const KEYS: [&[u8]; 18] = [
-        b"duration",
-        b"wait",
-        b"wait_time",
-        b"wait_ms",
-        b"wait_seconds",
-        b"wait_secs",
-        b"timeout",
-        b"timeout_ms",
-        b"timeout_seconds",
-        b"yield_time_ms",
-        b"yield_ms",
-        b"seconds",
-        b"secs",
-        b"delay",
-        b"delay_ms",
-        b"sleep",
-        b"sleep_ms",
-        b"duration_ms",
-    ];
-    KEYS.iter().any(|w| w.eq_ignore_ascii_case(k))
+    one_of(
+        k,
+        &[
+            b"duration",
+            b"duration_ms",
+            b"wait",
+            b"wait_time",
+            b"wait_ms",
+            b"wait_seconds",
+            b"wait_secs",
+            b"timeout",
+            b"timeout_ms",
+            b"timeout_seconds",
+            b"yield_time_ms",
+            b"yield_ms",
+            b"seconds",
+            b"secs",
+            b"delay",
+            b"delay_ms",
+            b"sleep",
+            b"sleep_ms",
+        ],
+    )
 }
 
 /// Keys that name text sent to a terminal or a process.
 fn is_input_key(k: &[u8]) -> bool {
-    const KEYS: [&[u8]; 8] = [
-        b"keystrokes",
-        b"keys",
-        b"chars",
-        b"input",
-        b"text",
-        b"data",
-        b"stdin",
-        b"command",
-    ];
-    KEYS.iter().any(|w| w.eq_ignore_ascii_case(k))
+    one_of(
+        k,
+        &[
+            b"keystrokes",
+            b"keys",
+            b"chars",
+            b"input",
+            b"text",
+            b"data",
+            b"stdin",
+            b"command",
+        ],
+    )
 }
 
 /// Keys that name what is waited on rather than work to do: an id (`session_id`, `bashId`,
 /// `id`), a session, a terminal or its pane.
 fn is_ident_key(k: &[u8]) -> bool {
-    const KEYS: [&[u8]; 6] = [
-        b"session",
-        b"terminal",
-        b"pane",
-        b"window",
-        b"tab",
-        b"target",
-    ];
     k.len() >= 2 && k[k.len() - 2..].eq_ignore_ascii_case(b"id")
-        || KEYS.iter().any(|w| w.eq_ignore_ascii_case(k))
+        || one_of(
+            k,
+            &[
+                b"session",
+                b"terminal",
+                b"pane",
+                b"window",
+                b"tab",
+                b"target",
+            ],
+        )
 }
 
 /// The values of a [read-only key](is_read_only_key) that ask only to look.
