@@ -2191,9 +2191,11 @@ fn turns_each_rejected_by_the_same_short_check_output_are_a_monologue_sooner() {
 
 /// A framework's own "go on" prompt, in words no pattern knows, sent after every turn without
 /// a tool call: from its second sending on it is the framework's, so the turns add up to a
-/// monologue.
+/// monologue, and turns each answered by that same prompt are flagged at
+/// `monologue.same_reply_threshold`: the agent is told the same thing and neither acts nor
+/// ends.
 #[test]
-fn turns_each_followed_by_the_same_long_prompt_are_a_monologue() {
+fn turns_each_followed_by_the_same_long_prompt_are_a_monologue_sooner() {
     let prompt = "Proceed. You can run code on this machine. If the whole task is done, say \
                   exactly 'The task is done.' Otherwise keep going.";
     let plans = [
@@ -2203,13 +2205,61 @@ fn turns_each_followed_by_the_same_long_prompt_are_a_monologue() {
         "The plan: parse the rows, sum them by month, plot.",
         "Reading the data now; a line chart will follow it.",
         "I am going to chart the monthly sums from the file.",
-        "Next step: load the rows and show them as a graph.",
-        "I will now read the CSV and produce the figure.",
     ];
-    let flagged = H::default().first_monologue(&plans, |_| prompt.to_owned());
     // The first prompt is taken for a person's until its second sending shows it is the
-    // host's: then the turn it ended counts again, and the 6th turn is a monologue.
-    assert_eq!(flagged, Some(6));
+    // host's: then the turn it ended counts again, and it was the same reply to it.
+    let flagged = H::default().first_monologue(&plans, |_| prompt.to_owned());
+    assert_eq!(flagged, Some(3));
+    // Prompts in other words each time (a person answering) leave the plain threshold.
+    let flagged = H::default().first_monologue(&plans, |n| format!("{prompt} ({n} of 6)"));
+    assert_eq!(flagged, None);
+}
+
+/// A known prompt to go on (OpenHands' fake user) after each turn written as a call the host
+/// never ran: the third such turn is flagged, though each says something else.
+#[test]
+fn turns_each_answered_by_a_known_continue_prompt_are_a_monologue_sooner() {
+    let prompt = "Please continue on whatever approach you think is suitable.\nIf you think you \
+                  have solved the task, please finish the interaction.";
+    let turns = [
+        "<finish>\n<parameter=message>Complete</parameter>\n</finish>",
+        "<finish>\n<parameter=message>Done</parameter>\n</finish>",
+        "<finish>\n<parameter=message>End</parameter>\n</finish>",
+    ];
+    assert_eq!(
+        H::default().first_monologue(&turns, |_| prompt.to_owned()),
+        Some(3)
+    );
+    // A call between the turns is action: the count starts again.
+    let mut h = H::default();
+    let mut flagged = None;
+    for (n, turn) in (1..).zip(turns.iter().cycle().take(6)) {
+        if det(&h.text(turn, false, false)) == Some("monologue") && flagged.is_none() {
+            flagged = Some(n);
+        }
+        h.user(prompt, false);
+        if n % 2 == 0 {
+            h.call("bash", json!({"command": format!("pytest -k case_{n}")}));
+        }
+    }
+    assert_eq!(flagged, None);
+}
+
+/// A bare `continue` may be a person's, reading a long answer in parts: it is no fixed reply
+/// that brings the flag sooner (the plain `monologue.threshold` still holds).
+#[test]
+fn a_bare_continue_is_no_fixed_reply() {
+    let parts = [
+        "Part 1: setup. Install the toolchain and start the local stack.",
+        "Part 2: review. Every change needs one approval from an owner.",
+        "Part 3: deploys. Main deploys to staging on every merge.",
+        "Part 4: on-call. Each engineer joins the rotation after six weeks.",
+        "Part 5: help. Ask in the team channel or at office hours.",
+    ];
+    assert_eq!(
+        H::default().first_monologue(&parts, |_| "continue".to_owned()),
+        None
+    );
 }
 
 #[test]

@@ -583,13 +583,14 @@ detector_section! {
         /// the Nth consecutive assistant turn without a tool call is flagged
         threshold: u32 = COUNT, "6";
         /// the Nth consecutive assistant turn without a tool call is flagged sooner when the
-        /// turns before it were each answered by the same automated reply that rejects them (a
-        /// framework failing or refusing them the same way: `exitcode: 1 … unknown language`,
+        /// turns before it were each answered by the same automated reply: a framework's fixed
+        /// prompt to go on (`Please continue on whatever approach you think is suitable`), or
+        /// one failing or refusing them the same way (`exitcode: 1 … unknown language`,
         /// `Invalid or incomplete response`)
         same_reply_threshold: u32 = COUNT, "3";
         /// regexes on an automated reply (its first and last 4 KiB) that mean it rejects the
-        /// turn it answers (a prompt to go on, `continue`, rejects nothing: the next turn may
-        /// well be new work)
+        /// turn it answers: such replies are compared by the error they name, as failures are,
+        /// so a clock or a cost in one makes it no other reply
         reject_patterns: Vec<Regex> = REGEXES,
             r#"['(?i)\b(error|errors|exception|failed|failure|invalid|incomplete|unknown|unsupported|unrecognized|not (allowed|supported|recognized|found|valid|permitted)|did not|didn''t|could not|couldn''t|cannot|can''t|must|missing|no such|does not exist|doesn''t exist)\b', '(?i)^\s*exitcode: [1-9]']"#;
     }

@@ -108,20 +108,45 @@ impl Session {
         if u.injected || again || any_match(&user.automated_patterns, u.text) {
             // A rejection is known as a tool's failure is, by its signature once noise is
             // masked and what a host adds is dropped: a clock or a cost in the reply makes it
-            // no other rejection.
-            let reply = rejecting.then(|| {
-                self.rules
-                    .results
-                    .outcome(&ToolResult {
-                        session: u.session,
-                        call_id: "",
-                        output: text,
-                        is_error: true,
-                        exit_code: None,
-                        time_ms: u.time_ms,
-                    })
-                    .digest
-            });
+            // no other rejection. A framework's fixed prompt to go on (a sentence of
+            // instruction at least, or one the host marks as its own) is known by its masked
+            // text: turns without a tool call each answered by the same one are an agent that
+            // neither acts nor ends. A bare `continue` may be a person's, reading a long answer
+            // in parts: it is no such reply.
+            let reply = if rejecting {
+                Some(
+                    self.rules
+                        .results
+                        .outcome(&ToolResult {
+                            session: u.session,
+                            call_id: "",
+                            output: text,
+                            is_error: true,
+                            exit_code: None,
+                            time_ms: u.time_ms,
+                        })
+                        .digest,
+                )
+            } else if digest != 0 {
+                Some(digest)
+            } else if u.injected {
+                Some(
+                    self.rules
+                        .results
+                        .outcome(&ToolResult {
+                            session: u.session,
+                            call_id: "",
+                            output: text,
+                            is_error: false,
+                            exit_code: Some(0),
+                            time_ms: u.time_ms,
+                        })
+                        .digest
+                        | 1,
+                )
+            } else {
+                None
+            };
             if let Some(ts) = &mut self.text
                 && again
                 && ts.ended_by_person > 0
@@ -135,8 +160,8 @@ impl Session {
                     ts.same_replies = 1;
                 }
             }
-            // A reply rejecting a turn without a tool call: the same one as the last such
-            // reply counts towards `monologue.same_reply_threshold`.
+            // A reply to a turn without a tool call: the same one as the last such reply
+            // counts towards `monologue.same_reply_threshold`.
             if let Some(ts) = &mut self.text {
                 if let Some(reply) = reply.filter(|_| ts.monologue > 0) {
                     ts.same_replies = if ts.same_replies > 0 && reply == ts.reply {
