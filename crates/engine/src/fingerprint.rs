@@ -710,17 +710,13 @@ impl FingerprintRules {
             return keys;
         }
         // A command as an argument vector running a shell script (`["bash", "-lc", "…"]`, as
-        // Codex sends it): the script is the command. The keys stay the vector's.
+        // Codex sends it): the script is the command, normalized as a command string is (its
+        // fuzzy key, a file it reads, a wait, a line that does nothing). The exact key stays
+        // the vector's.
         if let Some(c) = command
             && let Some(script) = shell_script(c.value)
         {
-            keys.test = tool.tests.is_test(script.trim(), test_commands);
-            keys.modify = self.modifies(script);
-            if keys.modify {
-                keys.writes = writes::shell_writes(script, |s| self.modifies(s));
-            }
-            keys.query = !keys.modify && self.queries(script);
-            keys.poll = self.complex(script) && self.polls(script);
+            self.shell_keys(tool, script, None, &mut keys, test_commands);
             return keys;
         }
         if only_path && let Some(path) = path {

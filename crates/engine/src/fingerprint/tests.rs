@@ -139,6 +139,31 @@ fn shell_commands_that_change_files_are_recognized() {
     assert!(!codex("cargo test").modify);
 }
 
+/// A script given as an argument vector (`["bash", "-lc", "true"]`, as Codex sends it) kept
+/// the vector's fuzzy key: an agent idling with `echo 'All set.'`, `true`, `echo 'Done
+/// again.'` between its repeats, or reading one file with `cat` and then `sed -n`, was never
+/// seen doing the same thing. The script is now normalized as a command string is.
+#[test]
+fn a_script_in_an_argument_vector_is_normalized_as_a_command_string() {
+    let codex = |script: &str| keys("shell", &json!({"command": ["bash", "-lc", script]}));
+    let string = |cmd: &str| keys("shell", &json!({ "command": cmd }));
+    for cmd in ["true", "echo 'All set.'", "echo \"Done again.\""] {
+        assert_eq!(codex(cmd).fuzzy, u64::from(NOOP_FUZZY), "{cmd}");
+    }
+    let read = codex("cat src/parse.py");
+    assert!(read.file_read);
+    assert_eq!(read.fuzzy, string("cat src/parse.py").fuzzy);
+    assert_eq!(read.fuzzy, codex("head -n 40 src/parse.py").fuzzy);
+    assert!(codex("sleep 30").wait);
+    assert_eq!(codex("cargo  test").fuzzy, string("cargo test").fuzzy);
+    // The exact key stays the vector's: another shell is another call.
+    assert_ne!(codex("ls").exact, string("ls").exact);
+    assert_ne!(
+        codex("ls").exact,
+        keys("shell", &json!({"command": ["sh", "-c", "ls"]})).exact
+    );
+}
+
 /// `git diff > patch.txt` counted as a write like any `>`: saving what a state query prints
 /// restarted every count, while it changes nothing of the work.
 #[test]
