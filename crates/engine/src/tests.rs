@@ -1749,7 +1749,7 @@ fn a_framework_refusing_a_repeated_call_is_no_new_outcome() {
     // is no change from the data the first call brought: each refused call is one more try.
     const GUARD: &str = "I tried reusing the same input, I must stop using this action input. \
                          I'll try something else instead.\n\n";
-    let first_flag = |mut h: H| {
+    let first_flag = |mut h: H, guard: &str| {
         (1..=6).find(|_| {
             let (c, _) = h.run(
                 "scrape_reddit",
@@ -1757,17 +1757,27 @@ fn a_framework_refusing_a_repeated_call_is_no_new_outcome() {
                 if h.n == 0 {
                     "r/ai: 7 posts, 49 comments"
                 } else {
-                    GUARD
+                    guard
                 },
                 false,
             );
             !c.is_allow()
         })
     };
-    assert_eq!(first_flag(H::default()), Some(3));
+    assert_eq!(first_flag(H::default(), GUARD), Some(3));
+    // Claude Code answers a file read again, unchanged since, with a notice in its place.
+    for notice in [
+        "Wasted call — file unchanged since your last Read. Refer to that earlier tool_result \
+         instead.",
+        "File unchanged since last read. The content from the earlier Read tool_result is \
+         still current.",
+        "Unchanged since last read",
+    ] {
+        assert_eq!(first_flag(H::default(), notice), Some(3), "{notice}");
+    }
     // Read as a changed result, the refusal restarts the count.
     let without = config("version: 1\nresults: { refused_patterns: [] }\n");
-    assert_eq!(first_flag(H::new(without)), Some(4));
+    assert_eq!(first_flag(H::new(without), GUARD), Some(4));
 }
 
 /// Eight different git spellings of one question about an untouched working tree.

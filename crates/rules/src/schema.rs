@@ -809,11 +809,12 @@ section! {
             r#"['(?i)<status>\s*(running|pending|queued|in[_ -]?progress|started|starting)\s*</status>', '(?i)\bstill (running|in progress|pending|queued|processing|building|deploying|starting|executing|waiting)\b', '(?i)"(status|state|phase)"\s*:\s*"(running|pending|queued|in_progress|in-progress|processing|started|starting|waiting|creating|provisioning)"', '(?im)^\W{0,3}(status|state|phase)\s*[:=]\s*(running|pending|queued|in[_ -]?progress|processing|waiting|starting)\b', '(?i)\b(running|started|launched) in (the )?background\b', '(?i)\bwaiting for [^\n]{1,80}\bto (finish|complete|be ready|become ready|start)\b', '(?im)^process running with session id\b']"#;
         /// regexes on the start of a result (its first 512 bytes, as it came) that mean the host
         /// refused to run the call because the agent repeats it (a framework's own repeat guard,
-        /// such as CrewAI's `I tried reusing the same input`, or loopguard's refusal in a recorded
-        /// conversation): the call did not run, so its result is no new outcome, and the call
-        /// still counts as one more attempt
+        /// such as CrewAI's `I tried reusing the same input`, Claude Code's `Wasted call — file
+        /// unchanged since your last Read` in place of a file read again, or loopguard's
+        /// refusal in a recorded conversation): the call did not run, so its result is no new
+        /// outcome, and the call still counts as one more attempt
         refused_patterns: Vec<Regex> = REGEXES,
-            r#"['(?i)^\W*I tried reusing the same input, I must stop using this action input', '^\s*\[loopguard(: refused\]|\]\s*Refused\b)']"#;
+            r#"['(?i)^\W*I tried reusing the same input, I must stop using this action input', '(?i)^\W*(wasted call\W+)?((the )?file (is )?)?unchanged since (your |the )?last read\b', '^\s*\[loopguard(: refused\]|\]\s*Refused\b)']"#;
         /// regexes on the end of a result (its last 512 bytes, as it came) that mean the call
         /// failed, for results that carry no error flag or exit code: the summaries test runners
         /// and builds end with (`1 failed, 11 passed`, `test result: FAILED`, `--- FAIL:`,
