@@ -635,24 +635,35 @@ fn exception_plain(line: &str) -> Option<usize> {
 
 /// Hashes a line of an error with its quoted parts as `<q>`: an error that echoes what it was
 /// given (`old_str \`x\` did not appear`, `No order with id 'ORD-1'`) is the same error for
-/// other input. An apostrophe inside a word (`doesn't`) is not a quote.
+/// other input. An apostrophe inside a word (`doesn't`) is not a quote. A quoted token of
+/// syntax (three bytes at most, punctuation other than `_` and spaces, one punctuation at
+/// least: `']'`, `':'`) is kept as written, its quotes with it.
 fn signature_line(h: &mut StreamHasher, line: &[u8]) {
+    let mut out = Vec::new();
     let mut i = 0;
-    let mut from = 0;
     while i < line.len() {
         let q = line[i];
         let opens =
             matches!(q, b'\'' | b'"' | b'`') && (i == 0 || !line[i - 1].is_ascii_alphanumeric());
-        if opens && let Some(len) = line[i + 1..].iter().take(200).position(|&c| c == q) {
-            h.bytes(&line[from..i]);
-            h.bytes(b"<q>");
+        let close = line[i + 1..].iter().take(200).position(|&c| c == q);
+        if let (true, Some(len)) = (opens, close) {
+            let quoted = &line[i + 1..i + 1 + len];
+            let punct = |c: &u8| c.is_ascii_punctuation() && *c != b'_';
+            let syntax = quoted.len() <= 3
+                && quoted.iter().all(|c| punct(c) || *c == b' ')
+                && quoted.iter().any(punct);
+            if syntax {
+                out.extend_from_slice(&line[i..i + len + 2]);
+            } else {
+                out.extend_from_slice(b"<q>");
+            }
             i += len + 2;
-            from = i;
             continue;
         }
+        out.push(q);
         i += 1;
     }
-    h.bytes(&line[from..]);
+    h.bytes(&out);
 }
 
 /// Results with this many lines or more have their first and last lines compared with every
