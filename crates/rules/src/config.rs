@@ -273,6 +273,24 @@ impl Config {
                 };
             }
         }
+        // Without case, a name also matches a listed name spelled with other word breaks
+        // (`ReadFile`, `read-file` for `read_file`): the same tool in another framework's style.
+        if self.fingerprint.case_insensitive_tools {
+            let folded = fold_name(tool);
+            for c in self.categories.iter().filter(|c| c.name != "default") {
+                let listed = c.matchers.iter().position(|m| match m {
+                    crate::check::NameGlob::Literal(l) => fold_name(l) == folded,
+                    crate::check::NameGlob::Glob(_) => false,
+                });
+                if let Some(i) = listed {
+                    return Placement {
+                        category: Some(c),
+                        reason: PlacementReason::Pattern(c.tools.get(i).map_or("", String::as_str)),
+                        setting,
+                    };
+                }
+            }
+        }
         match self.categories.iter().find(|c| c.name == "default") {
             Some(c) => Placement {
                 category: Some(c),
@@ -286,6 +304,15 @@ impl Config {
             },
         }
     }
+}
+
+/// A tool name without case and without the `_` and `-` between its words: `ReadFile`,
+/// `read_file` and `read-file` fold alike.
+fn fold_name(name: &str) -> String {
+    name.bytes()
+        .filter(|b| !matches!(b, b'_' | b'-'))
+        .map(|b| char::from(b.to_ascii_lowercase()))
+        .collect()
 }
 
 impl Param for Action {

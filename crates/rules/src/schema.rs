@@ -715,7 +715,9 @@ section! {
         /// `\` and `/` in path-like arguments are the same; `./` prefixes and doubled separators
         /// are dropped
         path_separators: bool = BOOL, "true";
-        /// tool names compare without case
+        /// tool names compare without case; a tool no category lists by its name is also
+        /// placed by a listed name spelled with other word breaks (`ReadFile` and `read-file`
+        /// as `read_file`)
         case_insensitive_tools: bool = BOOL, "false";
     }
 }

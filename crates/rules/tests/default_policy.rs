@@ -24,6 +24,21 @@ fn builtin_default_is_valid_and_has_no_warnings() {
             .map(|c| c.name.as_str()),
         Some("exploration")
     );
+    // Another framework's spelling of a listed name lands with it (tool names compare
+    // without case in the default policy, as `describe` looks them up lowercased).
+    for (tool, category) in [
+        ("readfile", "exploration"),
+        ("read-file", "exploration"),
+        ("settodolist", "bookkeeping"),
+        ("strreplacefile", "modification"),
+        ("runshellcommand", "shell"),
+    ] {
+        assert_eq!(
+            cfg.place_tool(tool).category.map(|c| c.name.as_str()),
+            Some(category),
+            "{tool}"
+        );
+    }
     assert_eq!(
         cfg.place_tool("frobnicate")
             .category
