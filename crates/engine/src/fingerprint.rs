@@ -184,6 +184,9 @@ pub struct CallKeys {
     /// The arguments replace a text with the same text (`old_str` equal to `new_str`): such an
     /// edit changes nothing.
     pub noop_edit: bool,
+    /// The arguments name a text to replace and its replacement (`old_str` and `new_str`,
+    /// `search` and `replace`, …): the call edits, whatever its tool is named.
+    pub edit: bool,
     /// A shell command that only shows the state of the work: every command of its line is
     /// one of `shell.state_queries` (`git status && git diff`).
     pub query: bool,
@@ -291,6 +294,11 @@ impl<T: Copy> EditSides<T> {
         };
         self.spoilt |= slot.is_some();
         *slot = Some(v);
+    }
+
+    /// Whether both sides were seen: the arguments are shaped as an edit.
+    pub(crate) fn both(&self) -> bool {
+        self.old.is_some() && self.new.is_some()
     }
 
     /// Whether both sides were seen once each and `same` says they are equal.
@@ -699,6 +707,7 @@ impl FingerprintRules {
             fuzzy: exact,
             read_only,
             noop_edit: edit.same(|a, b| a == b),
+            edit: edit.both(),
             target,
             wait: wait.waits(),
             ..CallKeys::default()

@@ -639,6 +639,51 @@ fn a_request_not_to_repeat_grants_no_allowance() {
     }
 }
 
+/// A test re-run after each edit made by a tool no category lists (a harness's own
+/// `apply_edit`) was the same failing call again and again: its search-and-replace arguments
+/// are an edit, whatever the tool is named, so a successful one between two runs is progress;
+/// one that failed changed nothing.
+#[test]
+fn an_edit_by_an_unlisted_tool_is_progress_between_test_runs() {
+    let first_flag = |edit_fails: bool| {
+        let mut h = H::default();
+        (1..=6).find(|i| {
+            let edit = json!({
+                "path": "src/seed.ts",
+                "search": format!("const n = {i};"),
+                "replace": format!("const n = {};", i + 1),
+            });
+            let (e, _) = h.run(
+                "apply_edit",
+                edit,
+                if edit_fails {
+                    "Error: search text not found in src/seed.ts"
+                } else {
+                    "Applied edit to src/seed.ts"
+                },
+                edit_fails,
+            );
+            // The failure moves with each edit (the same one again would be `test_fix`).
+            let failure = [
+                "SyntaxError: Unexpected token ] in JSON",
+                "MongoBulkWriteError: E11000 duplicate key error",
+                "AssertionError: expected 4 to be 2",
+                "ReferenceError: usersCollection is not defined",
+                "ReferenceError: beforeEach is not defined",
+                "TypeError: client.close is not a function",
+            ][*i - 1];
+            let (c, r) = h.bash(
+                "vitest run",
+                &format!("FAIL tests/seed.test.ts\n{failure}"),
+                true,
+            );
+            !(e.is_allow() && c.is_allow() && r.is_allow())
+        })
+    };
+    assert_eq!(first_flag(false), None);
+    assert!(first_flag(true).is_some());
+}
+
 #[test]
 fn a_user_forbidding_repeats_does_not_lift_the_count() {
     let mut h = H::default();

@@ -302,6 +302,7 @@ impl<'a> Scanner<'a> {
             fuzzy: exact,
             read_only,
             noop_edit: edit.same(|a, b| self.str_of(a).is_some_and(|a| Some(a) == self.str_of(b))),
+            edit: edit.both(),
             target,
             wait: wait.waits(),
             ..CallKeys::default()

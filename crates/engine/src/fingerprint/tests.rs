@@ -164,6 +164,27 @@ fn a_script_in_an_argument_vector_is_normalized_as_a_command_string() {
     );
 }
 
+/// Arguments naming a text to replace and its replacement are an edit, whatever the tool.
+#[test]
+fn arguments_shaped_as_an_edit_are_known_by_any_tool() {
+    assert!(
+        keys(
+            "apply_edit",
+            &json!({"path": "a.ts", "search": "x", "replace": "y"})
+        )
+        .edit
+    );
+    assert!(
+        keys(
+            "patch_file",
+            &json!({"path": "a.py", "old_str": "x", "new_str": "y"})
+        )
+        .edit
+    );
+    assert!(!keys("grep", &json!({"path": "src", "search": "x"})).edit);
+    assert!(!keys("write_file", &json!({"path": "a.py", "content": "x"})).edit);
+}
+
 /// `git diff > patch.txt` counted as a write like any `>`: saving what a state query prints
 /// restarted every count, while it changes nothing of the work.
 #[test]

@@ -180,7 +180,10 @@ impl Session {
         exact: u32,
         now: u32,
     ) -> bool {
-        let writes = keys.modify || (tool.modifies && !keys.read_only && !keys.noop_edit);
+        // A tool of a category that modifies, or any tool whose arguments are shaped as an
+        // edit (a custom `apply_edit` or `patch_file`), writes.
+        let writes =
+            keys.modify || ((tool.modifies || keys.edit) && !keys.read_only && !keys.noop_edit);
         if !writes {
             return false;
         }
