@@ -684,6 +684,46 @@ fn an_edit_by_an_unlisted_tool_is_progress_between_test_runs() {
     assert!(first_flag(true).is_some());
 }
 
+/// The same edit sent again after it was applied fails (its old text is gone): that failure
+/// is no change from the success before it, so the third identical edit is flagged, as the
+/// third identical write is. After another write to the file, the same edit is a new attempt.
+#[test]
+fn an_edit_made_again_after_it_succeeded_is_no_change() {
+    let edit = json!({"path": "AGENTS.md", "old_text": "## Rules", "new_text": "## Rules\n- no force pushes"});
+    let mut h = H::default();
+    let verdicts: Vec<Action> = [
+        "Edited AGENTS.md",
+        "The text to replace was not found",
+        "The text to replace was not found",
+    ]
+    .iter()
+    .map(|out| {
+        let (c, r) = h.run("edit_file", edit.clone(), out, false);
+        c.action.max(r.action)
+    })
+    .collect();
+    assert_eq!(verdicts, [Action::Allow, Action::Allow, Action::Warn]);
+    // Another write between: the file changed, and the same edit succeeding then failing is
+    // news of it.
+    let mut h = H::default();
+    h.run("edit_file", edit.clone(), "Edited AGENTS.md", false);
+    h.run(
+        "write_file",
+        json!({"path": "AGENTS.md", "content": "## Rules\n"}),
+        "Wrote AGENTS.md",
+        false,
+    );
+    let (c, r) = h.run("edit_file", edit.clone(), "Edited AGENTS.md", false);
+    assert!(c.is_allow() && r.is_allow());
+    let (c, r) = h.run(
+        "edit_file",
+        edit,
+        "The text to replace was not found",
+        false,
+    );
+    assert!(c.is_allow() && r.is_allow(), "{c:?} {r:?}");
+}
+
 #[test]
 fn a_user_forbidding_repeats_does_not_lift_the_count() {
     let mut h = H::default();

@@ -141,9 +141,17 @@ impl Record {
 
     /// The result of this call shows no progress over `older`'s, a call with the same
     /// fingerprint: the same normalized result, or a failure after a failure (one error turning
-    /// into another is not progress; a modification between them is, see [`Record::progress`]).
+    /// into another is not progress; a modification between them is, see [`Record::progress`]),
+    /// or a write made again with nothing written since failing after it succeeded: the first
+    /// made the change, and this one finds it made (`old_str` not found, nothing to commit).
     pub fn same_outcome_as(&self, older: &Record) -> bool {
-        self.digest == older.digest || (self.failed() && older.failed())
+        self.digest == older.digest
+            || (self.failed() && older.failed())
+            || (self.failed()
+                && !self.has(flag::MODIFY)
+                && older.has(flag::MODIFY)
+                && older.real_result()
+                && !older.has(flag::ERROR))
     }
 
     /// Both results are failures, and the same failure: the same error signature, or texts

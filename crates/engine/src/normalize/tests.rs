@@ -129,6 +129,31 @@ fn classification() {
     assert!(!r.outcome(&res("total 500", false, None)).retryable);
 }
 
+/// Editing tools say their replacement failed without the word `error`: such a result is a
+/// failure, whatever the transcript's flags say.
+#[test]
+fn an_edit_that_found_nothing_to_replace_is_a_failure() {
+    let error = |output: &str| flagless_outcome(output).error;
+    for failed in [
+        "The text to replace was not found",
+        "String to replace not found in file.\nString: fn main() {",
+        "No replacement was performed, old_str `x = 1` did not appear verbatim in /repo/a.py.",
+        "The SEARCH block:\nfoo()\n...does not match anything in the file.",
+        "No sufficiently similar match found at line 12 (62% similar, needs 100%)",
+        "Found 0 occurrences of old_string in src/app.ts",
+    ] {
+        assert!(error(failed), "{failed}");
+    }
+    for passed in [
+        "The file /repo/a.py has been edited.",
+        "Replaced 1 occurrence in src/app.ts",
+        "Applied edit to src/seed.ts",
+        "search results: 3 files, the text to replace appears in each",
+    ] {
+        assert!(!error(passed), "{passed}");
+    }
+}
+
 /// Test runners and builds say they failed at the end of their output, not on its first line.
 #[test]
 fn a_failure_summary_at_the_end_is_a_failure() {
