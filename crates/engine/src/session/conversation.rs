@@ -91,16 +91,22 @@ impl Session {
         let rejecting = any_match(rejects, text);
         // Said again is judged as a tool's output is, once noise is masked: a counter or a
         // clock in it (`Attempt 2 failed validation`) makes it no other message.
+        // The message's digest as a tool's output (`is_error`: as a failure, by its signature).
+        let masked = |is_error: bool| {
+            self.rules
+                .results
+                .outcome(&ToolResult {
+                    session: u.session,
+                    call_id: "",
+                    output: text,
+                    is_error,
+                    exit_code: (!is_error).then_some(0),
+                    time_ms: u.time_ms,
+                })
+                .digest
+        };
         let digest = if said_again_length(text) || rejecting {
-            let same = self.rules.results.outcome(&ToolResult {
-                session: u.session,
-                call_id: "",
-                output: text,
-                is_error: false,
-                exit_code: Some(0),
-                time_ms: u.time_ms,
-            });
-            same.digest | 1
+            masked(false) | 1
         } else {
             0
         };
@@ -114,36 +120,11 @@ impl Session {
             // neither acts nor ends. A bare `continue` may be a person's, reading a long answer
             // in parts: it is no such reply.
             let reply = if rejecting {
-                Some(
-                    self.rules
-                        .results
-                        .outcome(&ToolResult {
-                            session: u.session,
-                            call_id: "",
-                            output: text,
-                            is_error: true,
-                            exit_code: None,
-                            time_ms: u.time_ms,
-                        })
-                        .digest,
-                )
+                Some(masked(true))
             } else if digest != 0 {
                 Some(digest)
             } else if u.injected {
-                Some(
-                    self.rules
-                        .results
-                        .outcome(&ToolResult {
-                            session: u.session,
-                            call_id: "",
-                            output: text,
-                            is_error: false,
-                            exit_code: Some(0),
-                            time_ms: u.time_ms,
-                        })
-                        .digest
-                        | 1,
-                )
+                Some(masked(false) | 1)
             } else {
                 None
             };
