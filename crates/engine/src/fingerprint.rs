@@ -106,7 +106,20 @@ struct Role {
     read_only: bool,
     /// Which side of an edit it holds ([`edit_side`]).
     edit: EditSide,
+    /// A free-text description of the target a sibling reference names ([`DESCRIPTION_KEY`]).
+    describes: bool,
+    /// It names the target exactly ([`REFERENCE_KEY`]).
+    reference: bool,
 }
+
+/// The argument a browser tool's call describes its target with, in the model's own words
+/// (Playwright MCP's `element`: "Human-readable element description used to obtain permission
+/// to interact with the element"). Beside a [`REFERENCE_KEY`] naming the target exactly it is
+/// no part of what the call does: the same click on the same `ref`, described as "Sign in
+/// button" and then as "the Sign In button", is one call.
+const DESCRIPTION_KEY: &str = "element";
+/// The argument naming a call's target exactly (a snapshot's element reference).
+const REFERENCE_KEY: &str = "ref";
 
 impl Role {
     /// The role of a key outside the tool's table of roles.
@@ -116,6 +129,8 @@ impl Role {
             path: is_path_key(k),
             read_only: is_read_only_key(k),
             edit: edit_side(k.as_bytes()),
+            describes: k == DESCRIPTION_KEY,
+            reference: k == REFERENCE_KEY,
             ..Role::default()
         }
     }
@@ -127,6 +142,8 @@ impl Role {
             path: is_path_key_bytes(k),
             read_only: is_read_only_key_bytes(k),
             edit: edit_side(k),
+            describes: k == DESCRIPTION_KEY.as_bytes(),
+            reference: k == REFERENCE_KEY.as_bytes(),
             ..Role::default()
         }
     }
@@ -668,7 +685,9 @@ impl FingerprintRules {
                     only_path = false;
                 }
             }
-            if role.volatile {
+            // A description beside the reference it describes is left out (see
+            // [`DESCRIPTION_KEY`]); looked up only for a member under that key.
+            if role.volatile || (role.describes && map.contains_key(REFERENCE_KEY)) {
                 continue;
             }
             let value = match x {

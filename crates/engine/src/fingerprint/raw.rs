@@ -214,6 +214,10 @@ impl<'a> Scanner<'a> {
         let mut n_paths = 0usize;
         let mut only_path = tool.read_tool;
         let mut wait = WaitArgs::default();
+        // A description's member (and whether it is primary), counted at the end unless a
+        // reference turned up beside it (see `DESCRIPTION_KEY`); the sums make the order moot.
+        let mut described: Option<(u64, bool)> = None;
+        let mut referenced = false;
         while let Some((k, kh)) = self.next_member(&mut members)? {
             let role = tool.role_of_bytes(kh, k);
             let path_key = role.path;
@@ -283,7 +287,10 @@ impl<'a> Scanner<'a> {
                     only_path = false;
                 }
             }
-            if !role.volatile {
+            referenced |= role.reference;
+            if role.describes && !role.volatile {
+                described = Some((mix(kh, value), role.primary));
+            } else if !role.volatile {
                 let member = mix(kh, value);
                 exact_acc = exact_acc.wrapping_add(member);
                 if role.primary {
@@ -294,6 +301,15 @@ impl<'a> Scanner<'a> {
         }
         if !self.at_end() {
             return None;
+        }
+        if let Some((member, primary)) = described
+            && !referenced
+        {
+            exact_acc = exact_acc.wrapping_add(member);
+            if primary {
+                any_primary = true;
+                fuzzy_acc = fuzzy_acc.wrapping_add(member);
+            }
         }
         let finish = |acc: u64| mix(tool.tool_hash, mix(tag::OBJECT, acc));
         let exact = finish(exact_acc);

@@ -518,6 +518,33 @@ fn remembered_test_answers_match_the_patterns() {
 }
 
 #[test]
+fn a_description_beside_a_reference_is_no_part_of_the_call() {
+    let (c, f) = rules();
+    let tests = &c.detectors.test_fix.test_commands;
+    for tool in ["browser_click", "mcp__playwright__browser_type", "click"] {
+        let t = f.tool_keys(c, tool);
+        let both = |text: &str| {
+            let v: Value = serde_json::from_str(text).unwrap();
+            let parsed = f.keys(&t, &Arguments::Json(&v), tests);
+            assert_eq!(parsed, f.keys(&t, &Arguments::Raw(text), tests), "{text}");
+            parsed
+        };
+        let a = both(r#"{"element": "Sign in button", "ref": "e31"}"#);
+        let b = both(r#"{"ref": "e31", "element": "the Sign In button in the header"}"#);
+        assert_eq!(a, b, "{tool}: the same target, described twice");
+        let other = both(r#"{"element": "Sign in button", "ref": "e32"}"#);
+        assert_ne!(a.exact, other.exact, "{tool}: another target");
+        let typed = both(r#"{"element": "Email", "ref": "e5", "text": "a@example.com"}"#);
+        let retyped = both(r#"{"element": "Email field", "ref": "e5", "text": "b@example.com"}"#);
+        assert_ne!(typed.exact, retyped.exact, "{tool}: other text typed");
+        // Without a reference the description is what names the target.
+        let x = both(r#"{"element": "Sign in button"}"#);
+        let y = both(r#"{"element": "Register button"}"#);
+        assert_ne!(x.exact, y.exact, "{tool}: described targets");
+    }
+}
+
+#[test]
 fn raw_arguments() {
     let (c, f) = rules();
     let t = f.tool_keys(c, "grep");
@@ -554,8 +581,11 @@ fn respace(v: &Value) -> Value {
     }
 }
 
-/// Keys with every role: primary, path, command, volatile, read-only, and none.
+/// Keys with every role: primary, path, command, volatile, read-only, a description and the
+/// reference it describes, and none.
 const ARB_KEYS: &[&str] = &[
+    "element",
+    "ref",
     "old_str",
     "new_str",
     "path",
