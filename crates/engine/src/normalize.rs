@@ -293,8 +293,20 @@ impl ResultRules {
         } else {
             None
         };
+        let empty = (error && says_nothing(masked))
+            || match &self.empty_any {
+                Some(set) => set.is_match(buf),
+                None => self.empty.iter().any(|re| re.is_match(buf)),
+            };
         Outcome {
-            digest,
+            // Nothing found is one answer, however a tool words it and whatever it echoes of
+            // the request (`No matches found for pattern "retry" in path "src"`): different
+            // searches that all find nothing learn the same.
+            digest: if empty && !error {
+                EMPTY_DIGEST
+            } else {
+                digest
+            },
             // A failure's sketch is keyed by the error it names: near-duplicate pages around
             // different errors (a linter's report of other errors, the rest the agent's own
             // proposal echoed back) are sketches far apart.
@@ -303,16 +315,15 @@ impl ResultRules {
             error,
             // A failure that says nothing but its exit code (`grep` finding no match) is an
             // empty answer.
-            empty: (error && says_nothing(masked))
-                || match &self.empty_any {
-                    Some(set) => set.is_match(buf),
-                    None => self.empty.iter().any(|re| re.is_match(buf)),
-                },
+            empty,
             retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
             echo: false,
         }
     }
 }
+
+/// The digest of every successful answer that found nothing ([`Outcome::empty`]).
+const EMPTY_DIGEST: u64 = 0x6e6f_7468_696e_6721;
 
 /// The digest of every output that only echoes what was typed: one outcome, whatever was typed.
 const ECHO_DIGEST: u64 = 0x6563_686f_5f6f_6e6c;

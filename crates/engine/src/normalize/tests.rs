@@ -129,6 +129,50 @@ fn classification() {
     assert!(!r.outcome(&res("total 500", false, None)).retryable);
 }
 
+#[test]
+fn nothing_found_is_one_answer_whatever_it_echoes() {
+    let loaded = loopguard_rules::Policy::builtin_default();
+    let c = loaded.policy.unwrap().resolve(None, None);
+    let r = ResultRules::from_config(&c);
+    let out = |output: &'static str| {
+        r.outcome(&ToolResult {
+            session: "s",
+            call_id: "c",
+            output,
+            is_error: false,
+            exit_code: None,
+            time_ms: 0,
+        })
+    };
+    let nothing = [
+        r#"No matches found for pattern "retry_budget" in path "src"."#,
+        r#"No matches found for pattern "RetryBudget" in path "."."#,
+        "No results found for query: kafka consumer lag runbook",
+        "No results for 'consumer lag alert'",
+        "Found 0 files matching **/*.proto",
+        "0 results found.",
+        "[]",
+        "No files found",
+    ];
+    let first = out(nothing[0]);
+    for text in nothing {
+        let o = out(text);
+        assert!(o.empty && !o.error, "{text}");
+        assert_eq!(o.digest, first.digest, "{text}");
+    }
+    // Answers that found something, or say more than that nothing was found, are their own.
+    for text in [
+        "Found 3 matches for pattern \"retry\" in path \"src\":\nsrc/a.rs:1: retry",
+        "No matches found for pattern \"x\".\nSearched 42 files; 3 were skipped as binary.",
+        "No errors found in 12 files.",
+        "Results for kafka: 2 pages",
+    ] {
+        let o = out(text);
+        assert!(!o.empty, "{text}");
+        assert_ne!(o.digest, first.digest, "{text}");
+    }
+}
+
 /// Editing tools say their replacement failed without the word `error`: such a result is a
 /// failure, whatever the transcript's flags say.
 #[test]
