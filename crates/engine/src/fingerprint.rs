@@ -557,7 +557,13 @@ impl FingerprintRules {
                     .flat_map(|t| t.volatile_keys.iter().map(String::as_str)),
             ),
         );
-        let shell = self.shell.tools.iter().any(|g| g.is_match(name));
+        // A shell tool in a namespace (`functions.shell`) is one as its category is.
+        let bare = loopguard_rules::config::bare_name(name);
+        let shell = self
+            .shell
+            .tools
+            .iter()
+            .any(|g| g.is_match(name) || g.is_match(bare));
         let command_keys: &[Box<str>] = if shell { &self.shell.command_keys } else { &[] };
         let roles = KeySet::new(
             primary
@@ -579,7 +585,9 @@ impl FingerprintRules {
             primary,
             volatile,
             shell,
-            read_tool: READ_TOOLS.iter().any(|r| r.eq_ignore_ascii_case(tool)),
+            read_tool: READ_TOOLS
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(tool) || r.eq_ignore_ascii_case(bare)),
             roles,
             role,
             tests: if shell {

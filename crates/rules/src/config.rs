@@ -275,12 +275,30 @@ impl Config {
         }
         // Without case, a name also matches a listed name spelled with other word breaks
         // (`ReadFile`, `read-file` for `read_file`): the same tool in another framework's style.
-        if self.fingerprint.case_insensitive_tools {
-            let folded = fold_name(tool);
+        // A name in a namespace (`functions.shell`, `default_api:read_file`, `tools/grep`) is
+        // placed by its own part when the whole name is listed nowhere.
+        let fold = self.fingerprint.case_insensitive_tools;
+        let folded = |name: &str| fold.then(|| fold_name(name));
+        let bare = bare_name(tool);
+        let passes = [
+            (tool, false, folded(tool)),
+            (
+                bare,
+                bare.len() < tool.len(),
+                folded(bare).filter(|_| bare.len() < tool.len()),
+            ),
+        ];
+        for (name, whole, folded) in passes {
+            if !whole && folded.is_none() {
+                continue;
+            }
             for c in self.categories.iter().filter(|c| c.name != "default") {
-                let listed = c.matchers.iter().position(|m| match m {
-                    crate::check::NameGlob::Literal(l) => fold_name(l) == folded,
-                    crate::check::NameGlob::Glob(_) => false,
+                let listed = c.matchers.iter().position(|m| {
+                    (whole && m.is_match(name))
+                        || match (m, &folded) {
+                            (crate::check::NameGlob::Literal(l), Some(f)) => fold_name(l) == *f,
+                            _ => false,
+                        }
                 });
                 if let Some(i) = listed {
                     return Placement {
@@ -304,6 +322,12 @@ impl Config {
             },
         }
     }
+}
+
+/// The part of a tool name after its namespace (`functions.shell`, `default_api:read_file`,
+/// `tools/grep`): what follows the last `.`, `:` or `/`; the whole name when it has none.
+pub fn bare_name(tool: &str) -> &str {
+    tool.rsplit(['.', ':', '/']).next().unwrap_or(tool)
 }
 
 /// A tool name without case and without the `_` and `-` between its words: `ReadFile`,

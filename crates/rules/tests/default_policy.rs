@@ -32,6 +32,12 @@ fn builtin_default_is_valid_and_has_no_warnings() {
         ("settodolist", "bookkeeping"),
         ("strreplacefile", "modification"),
         ("runshellcommand", "shell"),
+        // A name in a namespace is placed by its own part.
+        ("functions.shell", "shell"),
+        ("default_api:read_file", "exploration"),
+        ("tools/grep", "exploration"),
+        ("functions.apply_patch", "modification"),
+        ("default_api.ReadFile", "exploration"),
     ] {
         assert_eq!(
             cfg.place_tool(tool).category.map(|c| c.name.as_str()),
@@ -39,6 +45,13 @@ fn builtin_default_is_valid_and_has_no_warnings() {
             "{tool}"
         );
     }
+    // A namespace named after a listed tool does not place the tool in it.
+    assert_eq!(
+        cfg.place_tool("shell.frobnicate")
+            .category
+            .map(|c| c.name.as_str()),
+        Some("default")
+    );
     assert_eq!(
         cfg.place_tool("frobnicate")
             .category

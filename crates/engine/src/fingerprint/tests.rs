@@ -545,6 +545,21 @@ fn a_description_beside_a_reference_is_no_part_of_the_call() {
 }
 
 #[test]
+fn a_shell_tool_in_a_namespace_is_a_shell_tool() {
+    for tool in ["functions.shell", "default_api:run_shell_command", "shell"] {
+        let cat = keys(tool, &json!({"command": "cat src/main.rs"}));
+        let head = keys(tool, &json!({"command": "head -n 40 src/main.rs"}));
+        assert!(cat.file_read, "{tool}");
+        assert_eq!(cat.fuzzy, head.fuzzy, "{tool}: one file read");
+    }
+    let cat = keys(
+        "functions.frobnicate",
+        &json!({"command": "cat src/main.rs"}),
+    );
+    assert!(!cat.file_read);
+}
+
+#[test]
 fn raw_arguments() {
     let (c, f) = rules();
     let t = f.tool_keys(c, "grep");
