@@ -583,8 +583,15 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
     } else {
         (digest_folding_ends(super::without_id_ends(masked)), 0)
     };
+    let empty =
+        (error && super::says_nothing(masked)) || rules.empty.iter().any(|re| re.is_match(buf));
     Outcome {
-        digest,
+        // Every successful answer that found nothing is one outcome.
+        digest: if empty && !error {
+            super::EMPTY_DIGEST
+        } else {
+            digest
+        },
         sketch: if error {
             sketch_plain(masked).map(|s| s ^ named_key)
         } else {
@@ -592,8 +599,7 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         },
         long: sketch_plain(masked).is_some(),
         error,
-        empty: (error && super::says_nothing(masked))
-            || rules.empty.iter().any(|re| re.is_match(buf)),
+        empty,
         retryable: error && rules.retryable.iter().any(|re| re.is_match(buf)),
         echo: false,
     }
