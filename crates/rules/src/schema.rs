@@ -729,7 +729,7 @@ section! {
         /// argument keys that identify a call for the fuzzy fingerprint (an edit is identified by
         /// its file and by what it replaces)
         primary_keys: Vec<String> = STRS,
-            "[path, file_path, filepath, absolute_path, file, filename, command, cmd, pattern, query, q, sql, url, uri, content, offset, limit, line, start_line, end_line, old_string, old_str, old_text, insert_line, patch, input, action, selector, coordinate]";
+            "[path, file_path, filepath, absolute_path, file, filename, command, cmd, pattern, query, q, sql, url, uri, content, offset, limit, page, page_number, page_token, cursor, line, start_line, end_line, old_string, old_str, old_text, insert_line, patch, input, action, selector, coordinate]";
         /// argument keys ignored by every fingerprint
         volatile_keys: Vec<String> = STRS,
             "[id, request_id, requestId, call_id, tool_call_id, trace_id, span_id, nonce, timestamp, ts, time, date, progress, attempt, retry, seed, session_id]";

@@ -38,6 +38,11 @@ fn builtin_default_is_valid_and_has_no_warnings() {
         ("tools/grep", "exploration"),
         ("functions.apply_patch", "modification"),
         ("default_api.ReadFile", "exploration"),
+        // Answers that vary by themselves: searches, sub-agents.
+        ("WebSearch", "research"),
+        ("mcp__exa__web_search_exa", "research"),
+        ("Task", "delegation"),
+        ("delegate_work_to_coworker", "delegation"),
     ] {
         assert_eq!(
             cfg.place_tool(tool).category.map(|c| c.name.as_str()),

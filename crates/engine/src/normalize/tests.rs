@@ -134,16 +134,7 @@ fn nothing_found_is_one_answer_whatever_it_echoes() {
     let loaded = loopguard_rules::Policy::builtin_default();
     let c = loaded.policy.unwrap().resolve(None, None);
     let r = ResultRules::from_config(&c);
-    let out = |output: &'static str| {
-        r.outcome(&ToolResult {
-            session: "s",
-            call_id: "c",
-            output,
-            is_error: false,
-            exit_code: None,
-            time_ms: 0,
-        })
-    };
+    let out = |output: &str| r.outcome(&plain_result(output));
     let nothing = [
         r#"No matches found for pattern "retry_budget" in path "src"."#,
         r#"No matches found for pattern "RetryBudget" in path "."."#,
