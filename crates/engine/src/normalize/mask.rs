@@ -356,6 +356,11 @@ fn word_at(
         {
             return Some((len, rep!("<dur>")));
         }
+        if i >= 2
+            && let Some(hit) = tagged_number(m, b, i, n)
+        {
+            return Some(hit);
+        }
         if m.ids
             && i > 0
             && matches!(b[i - 1], b' ' | b'"' | b'\'' | b':' | b'=')
@@ -424,6 +429,58 @@ fn word_at(
         }
     }
     None
+}
+
+/// A number that its neighbours say is a pid or a port, `n` digits at `i` (`i >= 2`): a
+/// program's pid in a log line's tag (`app[2211]:`), an ephemeral port after a host
+/// (`127.0.0.1:54321`, `localhost:61234`).
+#[inline]
+fn tagged_number(m: &Maskers, b: &[u8], i: usize, n: usize) -> Option<(usize, Rep)> {
+    match b[i - 1] {
+        b'[' if m.pids
+            && is_word(b[i - 2])
+            && b.get(i + n) == Some(&b']')
+            && b.get(i + n + 1) == Some(&b':') =>
+        {
+            Some((n, rep!("<pid>")))
+        }
+        b':' if m.ids
+            && n == 5
+            && end_ok(b, i + n)
+            && local_host_before(b, i - 1)
+            && b.get(i..i + n)
+                .is_some_and(|d| (&b"32768"[..]..=&b"65535"[..]).contains(&d)) =>
+        {
+            Some((n, rep!("<port>")))
+        }
+        _ => None,
+    }
+}
+
+/// A host ends at `colon`: an IPv4 address (`127.0.0.1`), an IPv6 one in brackets (`[::1]`)
+/// or `localhost`, where test servers listen on ports of their own choice. Not a file name
+/// (`main.c:40213`: a line number).
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
+fn local_host_before(b: &[u8], colon: usize) -> bool {
+    let head = &b[..colon];
+    if head.ends_with(b"]")
+        || head
+            .len()
+            .checked_sub(9)
+            .is_some_and(|at| head[at..].eq_ignore_ascii_case(b"localhost"))
+    {
+        return true;
+    }
+    let dotted = head
+        .iter()
+        .rev()
+        .take_while(|c| c.is_ascii_digit() || **c == b'.')
+        .count();
+    let (before, ip) = head.split_at(colon - dotted);
+    ip.first().is_some_and(u8::is_ascii_digit)
+        && ip.iter().filter(|&&c| c == b'.').count() == 3
+        && before.last().is_none_or(|&c| !is_word(c))
 }
 
 /// The maskers starting with a byte other than a word's (`ESC`, `(`, `#`, `/`).
@@ -838,7 +895,8 @@ fn uuid_at(b: &[u8], i: usize) -> bool {
     end_ok(b, j)
 }
 
-/// A duration at `i`, whose leading digits are `n` bytes: `12ms`, `0.01s`, `45 ms`, `3 seconds`.
+/// A duration at `i`, whose leading digits are `n` bytes: `12ms`, `0.01s`, `45 ms`, `3 seconds`,
+/// `2 hours`, `4m55s`.
 fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     let mut j = i + n;
     j += fraction(b, j);
@@ -846,18 +904,18 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     // is the whole word there. The units' first letters rule out most words before they are
     // read.
     let (spaced, at) = match *b.get(j)? {
-        b' ' if matches!(b.get(j + 1), Some(b'm' | b's')) => (true, j + 1),
+        b' ' if matches!(b.get(j + 1), Some(b'm' | b's' | b'h' | b'd' | b'w')) => (true, j + 1),
         0xc2 => {
             return (b.get(j..j + 3) == Some("µs".as_bytes()) && end_ok(b, j + 3))
                 .then_some(j + 3 - i);
         }
-        b'm' | b'u' | b'n' | b's' | b'h' => (false, j),
+        b'm' | b'u' | b'n' | b's' | b'h' | b'd' => (false, j),
         _ => return None,
     };
     let end = word_end(b, at);
     let unit = &b[at..end];
-    let known = if spaced {
-        matches!(
+    if spaced {
+        return matches!(
             unit,
             b"ms"
                 | b"sec"
@@ -869,12 +927,68 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
                 | b"minute"
                 | b"minutes"
                 | b"milliseconds"
+                | b"hr"
+                | b"hrs"
+                | b"hour"
+                | b"hours"
+                | b"day"
+                | b"days"
+                | b"week"
+                | b"weeks"
         )
-    } else {
-        matches!(
-            unit,
-            b"ms" | b"us" | b"ns" | b"s" | b"m" | b"h" | b"sec" | b"secs" | b"min" | b"mins"
-        )
-    };
-    known.then_some(end - i)
+        .then_some(end - i);
+    }
+    if tight_unit(unit) {
+        return Some(end - i);
+    }
+    // A unit followed by the next amount (`4m55s`, `1h2m3.5s`): the word is a run of them.
+    groups_end(b, at).map(|e| e - i)
+}
+
+/// A unit that follows an amount directly.
+#[inline(always)]
+fn tight_unit(u: &[u8]) -> bool {
+    matches!(
+        u,
+        b"ms"
+            | b"us"
+            | b"ns"
+            | b"s"
+            | b"m"
+            | b"h"
+            | b"d"
+            | b"hr"
+            | b"hrs"
+            | b"sec"
+            | b"secs"
+            | b"min"
+            | b"mins"
+    )
+}
+
+/// The end of a run of `unit amount unit …` at `at` (the first amount already read) ending a
+/// word, or `None` when the word there is anything else.
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
+fn groups_end(b: &[u8], at: usize) -> Option<usize> {
+    let mut j = at;
+    loop {
+        let letters = b[j..]
+            .iter()
+            .take_while(|c| c.is_ascii_alphabetic())
+            .count();
+        if !tight_unit(&b[j..j + letters]) {
+            return None;
+        }
+        j += letters;
+        if end_ok(b, j) {
+            return Some(j);
+        }
+        let n = digits(b, j);
+        if n == 0 {
+            return None;
+        }
+        j += n;
+        j += fraction(b, j);
+    }
 }

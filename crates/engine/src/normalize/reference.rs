@@ -87,6 +87,24 @@ fn match_at<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
     }
 }
 
+/// `head` ends with a local host: `[::1]`, `localhost` or four dotted numbers after no word.
+fn local_host_before(head: &[u8]) -> bool {
+    if head.ends_with(b"]") {
+        return true;
+    }
+    let lower = String::from_utf8_lossy(head).to_ascii_lowercase();
+    if lower.ends_with("localhost") {
+        return true;
+    }
+    let start = head
+        .iter()
+        .rposition(|c| !(c.is_ascii_digit() || *c == b'.'))
+        .map_or(0, |p| p + 1);
+    let ip = &head[start..];
+    let parts: Vec<&[u8]> = ip.split(|&c| c == b'.').collect();
+    parts.len() == 4 && !parts[0].is_empty() && (start == 0 || !is_word(head[start - 1]))
+}
+
 fn ansi_len(b: &[u8], i: usize) -> usize {
     match b.get(i + 1) {
         Some(b'[') => {
@@ -147,6 +165,30 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
             && let Some(len) = duration_len(b, i, n)
         {
             return Some((len, "<dur>"));
+        }
+        // A program's pid in a log line's tag: `app[2211]:`.
+        if m.pids
+            && i >= 2
+            && b[i - 1] == b'['
+            && is_word(b[i - 2])
+            && b.get(i + n) == Some(&b']')
+            && b.get(i + n + 1) == Some(&b':')
+        {
+            return Some((n, "<pid>"));
+        }
+        // An ephemeral port after a host: `127.0.0.1:54321`, `localhost:61234`.
+        if m.ids
+            && n == 5
+            && i >= 2
+            && b[i - 1] == b':'
+            && local_host_before(&b[..i - 1])
+            && end_ok(i + n)
+            && std::str::from_utf8(&b[i..i + n])
+                .ok()
+                .and_then(|t| t.parse::<u32>().ok())
+                .is_some_and(|p| (32768..=65535).contains(&p))
+        {
+            return Some((n, "<port>"));
         }
         if m.ids && volatile_key_before(b, i) {
             let mut j = i + n;
@@ -393,10 +435,7 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
         return None;
     }
     let end_ok = |k: usize| k >= b.len() || !is_word(b[k]);
-    // Units that may follow directly; long units may also follow one space.
-    const TIGHT: &[&str] = &[
-        "ms", "us", "µs", "ns", "s", "m", "h", "sec", "secs", "min", "mins",
-    ];
+    // Units that may also follow one space.
     const SPACED: &[&str] = &[
         "ms",
         "sec",
@@ -408,11 +447,29 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
         "minute",
         "minutes",
         "milliseconds",
+        "hr",
+        "hrs",
+        "hour",
+        "hours",
+        "day",
+        "days",
+        "week",
+        "weeks",
     ];
     let mut best = None;
+    if b[j..].starts_with("µs".as_bytes()) && end_ok(j + "µs".len()) {
+        best = Some(j + "µs".len());
+    }
+    // Units that follow directly, each ending the word or followed by the next amount and
+    // unit (`1h2m3.5s`, `4m55s`).
     for u in TIGHT {
-        if b[j..].starts_with(u.as_bytes()) && end_ok(j + u.len()) {
-            best = best.max(Some(j + u.len()));
+        if b[j..].starts_with(u.as_bytes()) {
+            let e = j + u.len();
+            if end_ok(e) {
+                best = best.max(Some(e));
+            } else if let Some(e) = tight_groups(b, e) {
+                best = best.max(Some(e));
+            }
         }
     }
     if b.get(j) == Some(&b' ') {
@@ -423,6 +480,36 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
         }
     }
     best.map(|e| e - i)
+}
+
+/// Units that follow an amount directly (`µs` apart: it ends a duration).
+const TIGHT: &[&str] = &[
+    "ms", "us", "ns", "s", "m", "h", "d", "hr", "hrs", "sec", "secs", "min", "mins",
+];
+
+/// The end of one or more `amount unit` groups (tight units) at `k`, the last ending a word.
+fn tight_groups(b: &[u8], k: usize) -> Option<usize> {
+    let n = digits(b, k);
+    if n == 0 {
+        return None;
+    }
+    let mut j = k + n;
+    if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
+        j += 1 + digits(b, j + 1);
+    }
+    let end_ok = |e: usize| e >= b.len() || !is_word(b[e]);
+    TIGHT
+        .iter()
+        .filter(|u| b[j.min(b.len())..].starts_with(u.as_bytes()))
+        .filter_map(|u| {
+            let e = j + u.len();
+            if end_ok(e) {
+                Some(e)
+            } else {
+                tight_groups(b, e)
+            }
+        })
+        .max()
 }
 
 /// The sketch a byte at a time, as plainly as it can be written: the specification of
