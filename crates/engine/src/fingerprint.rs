@@ -118,6 +118,8 @@ struct Role {
 /// no part of what the call does: the same click on the same `ref`, described as "Sign in
 /// button" and then as "the Sign In button", is one call.
 const DESCRIPTION_KEY: &str = "element";
+/// The argument a shell tool's call narrates its command with (volatile for shell tools).
+const SHELL_DESCRIPTION_KEY: &str = "description";
 /// The argument naming a call's target exactly (a snapshot's element reference).
 const REFERENCE_KEY: &str = "ref";
 
@@ -539,6 +541,8 @@ impl FingerprintRules {
         } else {
             tool
         };
+        // A shell tool in a namespace (`functions.shell`) is one as its category is.
+        let bare = loopguard_rules::config::bare_name(name);
         let per_tool = c.fingerprint.tools.get(tool).or_else(|| {
             c.fingerprint
                 .tools
@@ -550,20 +554,24 @@ impl FingerprintRules {
             Some(p) => KeySet::new(p.iter().map(String::as_str)),
             None => KeySet::new(self.primary_keys.iter().map(|s| &**s)),
         };
-        let volatile = KeySet::new(
-            self.volatile_keys.iter().map(|s| &**s).chain(
-                per_tool
-                    .iter()
-                    .flat_map(|t| t.volatile_keys.iter().map(String::as_str)),
-            ),
-        );
-        // A shell tool in a namespace (`functions.shell`) is one as its category is.
-        let bare = loopguard_rules::config::bare_name(name);
+        // A shell tool's `description` (Claude Code's `Bash`, Gemini CLI's
+        // `run_shell_command`) is the model's narration of the command, not part of it.
         let shell = self
             .shell
             .tools
             .iter()
             .any(|g| g.is_match(name) || g.is_match(bare));
+        let volatile = KeySet::new(
+            self.volatile_keys
+                .iter()
+                .map(|s| &**s)
+                .chain(
+                    per_tool
+                        .iter()
+                        .flat_map(|t| t.volatile_keys.iter().map(String::as_str)),
+                )
+                .chain(shell.then_some(SHELL_DESCRIPTION_KEY)),
+        );
         let command_keys: &[Box<str>] = if shell { &self.shell.command_keys } else { &[] };
         let roles = KeySet::new(
             primary

@@ -730,9 +730,11 @@ section! {
         /// its file and by what it replaces)
         primary_keys: Vec<String> = STRS,
             "[path, file_path, filepath, absolute_path, file, filename, command, cmd, pattern, query, q, sql, url, uri, content, offset, limit, page, page_number, page_token, cursor, line, start_line, end_line, old_string, old_str, old_text, insert_line, patch, input, action, selector, coordinate]";
-        /// argument keys ignored by every fingerprint
+        /// argument keys ignored by every fingerprint: ids and times, and the model's narration
+        /// of why it makes the call (`explanation`, `thought`, `reason`, …; a shell tool's
+        /// `description` too)
         volatile_keys: Vec<String> = STRS,
-            "[id, request_id, requestId, call_id, tool_call_id, trace_id, span_id, nonce, timestamp, ts, time, date, progress, attempt, retry, seed, session_id]";
+            "[id, request_id, requestId, call_id, tool_call_id, trace_id, span_id, nonce, timestamp, ts, time, date, progress, attempt, retry, seed, session_id, explanation, thought, thoughts, reasoning, reason, rationale, justification]";
         /// per-tool key lists, by exact tool name
         tools: BTreeMap<String, ToolKeys> = Kind::Map(&Kind::Section(TOOL_KEYS.fields)), "{}";
         /// how arguments are canonicalized before hashing

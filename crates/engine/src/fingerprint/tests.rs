@@ -545,6 +545,38 @@ fn a_description_beside_a_reference_is_no_part_of_the_call() {
 }
 
 #[test]
+fn the_models_narration_of_a_call_is_no_part_of_it() {
+    for (tool, key) in [
+        ("list_dir", "explanation"),
+        ("get_weather", "thought"),
+        ("read_file", "reason"),
+        ("lookup", "reasoning"),
+        ("Bash", "description"),
+        ("run_shell_command", "description"),
+    ] {
+        let a = keys(
+            tool,
+            &json!({"path": "dist", "command": "ls dist", key: "List the output"}),
+        );
+        let b = keys(
+            tool,
+            &json!({"path": "dist", "command": "ls dist", key: "Check it again"}),
+        );
+        assert_eq!(a, b, "{tool}: {key}");
+    }
+    // A `description` is content where the tool is no shell (an issue's body).
+    let a = keys(
+        "create_issue",
+        &json!({"title": "Login fails", "description": "On Safari"}),
+    );
+    let b = keys(
+        "create_issue",
+        &json!({"title": "Login fails", "description": "On Firefox"}),
+    );
+    assert_ne!(a.exact, b.exact);
+}
+
+#[test]
 fn a_shell_tool_in_a_namespace_is_a_shell_tool() {
     for tool in ["functions.shell", "default_api:run_shell_command", "shell"] {
         let cat = keys(tool, &json!({"command": "cat src/main.rs"}));
