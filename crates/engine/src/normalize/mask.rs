@@ -810,11 +810,15 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
         }
         return Some(j - i);
     }
-    // 12:34:56[.123]
+    // 12:34:56[.123], or 01:02.345 (minutes, seconds and their fraction: a test run's time)
     if (1..=2).contains(&n)
         && b.get(i + n) == Some(&b':')
         && two_digits(b, i + n + 1)
-        && b.get(i + n + 3) == Some(&b':')
+        && match b.get(i + n + 3) {
+            Some(b':') => true,
+            Some(b'.') => digit_at(b, i + n + 4),
+            _ => false,
+        }
     {
         return Some(time_end(b, i) - i);
     }
@@ -915,7 +919,8 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     let end = word_end(b, at);
     let unit = &b[at..end];
     if spaced {
-        return matches!(
+        // Seconds after a space too (`Time: 2.345 s, estimated 3 s`).
+        return (matches!(
             unit,
             b"ms"
                 | b"sec"
@@ -935,8 +940,8 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
                 | b"days"
                 | b"week"
                 | b"weeks"
-        )
-        .then_some(end - i);
+        ) || unit == b"s")
+            .then_some(end - i);
     }
     if tight_unit(unit) {
         return Some(end - i);

@@ -376,6 +376,15 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     {
         return Some(time_end(b, i) - i);
     }
+    // 01:02.345: minutes, seconds and their fraction (a test run's time)
+    if (1..=2).contains(&n)
+        && b.get(i + n) == Some(&b':')
+        && d2(i + n + 1)
+        && b.get(i + n + 3) == Some(&b'.')
+        && digits(b, i + n + 4) > 0
+    {
+        return Some(time_end(b, i) - i);
+    }
     None
 }
 
@@ -477,6 +486,10 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
             if b[j + 1..].starts_with(u.as_bytes()) && end_ok(j + 1 + u.len()) {
                 best = best.max(Some(j + 1 + u.len()));
             }
+        }
+        // Seconds after a space (`Time: 2.345 s, estimated 3 s`).
+        if b[j + 1..].starts_with(b"s") && end_ok(j + 2) {
+            best = best.max(Some(j + 2));
         }
     }
     best.map(|e| e - i)

@@ -73,6 +73,10 @@ fn masks_noise() {
         ),
         ("src/big.c:40213: error", "src/big.c:40213: error"),
         (
+            "Time:        2.345 s, estimated 3 s; Time: 00:01.234, Memory: 24.00 MB",
+            "Time:        <dur>, estimated <dur>; Time: <ts>, Memory: 24.00 MB",
+        ),
+        (
             "failed 2 hours ago, up 3 days, age 4m55s, ran 1h2m3.5s",
             "failed <dur> ago, up <dur>, age <dur>, ran <dur>",
         ),
@@ -626,6 +630,12 @@ const PIECES: &[&str] = &[
     "3h",
     "3hx",
     "4m55s",
+    "2.345 s",
+    "2 s",
+    "01:02.345",
+    "1:02.3",
+    "10:30.",
+    "123:45.6",
     "1h2m3.5s",
     "3mins5s",
     "4m_5s",
