@@ -431,12 +431,31 @@ fn word_at(
     None
 }
 
-/// A number that its neighbours say is a pid or a port, `n` digits at `i` (`i >= 2`): a
+/// The `[` at `open` follows a notebook's `In` or `Out` (`In [7]:`, `Cell In[7], line 3`): the
+/// number in the brackets counts the cells run.
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
+fn execution_count_at(b: &[u8], open: usize) -> bool {
+    let head = &b[..open];
+    let head = head.strip_suffix(b" ").unwrap_or(head);
+    [&b"In"[..], b"Out"].iter().any(|w| {
+        head.ends_with(w)
+            && head
+                .len()
+                .checked_sub(w.len() + 1)
+                .is_none_or(|k| !is_word(head[k]))
+    })
+}
+
+/// A number that its neighbours say is a counter, a pid or a port, `n` digits at `i` (`i >= 2`): a
 /// program's pid in a log line's tag (`app[2211]:`), an ephemeral port after a host
 /// (`127.0.0.1:54321`, `localhost:61234`).
 #[inline]
 fn tagged_number(m: &Maskers, b: &[u8], i: usize, n: usize) -> Option<(usize, Rep)> {
     match b[i - 1] {
+        b'[' if m.counters && b.get(i + n) == Some(&b']') && execution_count_at(b, i - 1) => {
+            Some((n, rep!("<n>")))
+        }
         b'[' if m.pids
             && is_word(b[i - 2])
             && b.get(i + n) == Some(&b']')

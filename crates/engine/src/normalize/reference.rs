@@ -166,6 +166,18 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
         {
             return Some((len, "<dur>"));
         }
+        // A notebook's execution count: `In [7]:`, `Out[7]:`, `Cell In[7], line 3`.
+        if m.counters && i >= 1 && b[i - 1] == b'[' && b.get(i + n) == Some(&b']') {
+            let head = &b[..i - 1];
+            let head = head.strip_suffix(b" ").unwrap_or(head);
+            for w in ["In", "Out"] {
+                if head.ends_with(w.as_bytes())
+                    && (head.len() == w.len() || !is_word(head[head.len() - w.len() - 1]))
+                {
+                    return Some((n, "<n>"));
+                }
+            }
+        }
         // A program's pid in a log line's tag: `app[2211]:`.
         if m.pids
             && i >= 2

@@ -73,6 +73,10 @@ fn masks_noise() {
         ),
         ("src/big.c:40213: error", "src/big.c:40213: error"),
         (
+            "In [7]: x\nOut[7]: 2\nCell In[7], line 3; Win[7]",
+            "In [<n>]: x\nOut[<n>]: 2\nCell In[<n>], line 3; Win[7]",
+        ),
+        (
             "Time:        2.345 s, estimated 3 s; Time: 00:01.234, Memory: 24.00 MB",
             "Time:        <dur>, estimated <dur>; Time: <ts>, Memory: 24.00 MB",
         ),
@@ -548,7 +552,8 @@ fn numbers_are_folded() {
 /// are long enough for a sketch.
 #[test]
 fn only_failures_are_sketched() {
-    let page = error_page("x");
+    // Without its traceback's header, the page is no failure by its words.
+    let page = error_page("x").replace("Traceback (most recent call last):", "Call stack:");
     let success = rules()[0].outcome(&plain_result(&page));
     let failure = rules()[0].outcome(&ToolResult {
         is_error: true,
@@ -646,6 +651,11 @@ const PIECES: &[&str] = &[
     "3 days",
     "5 weeks",
     "app[2211]:",
+    "In [7]:",
+    "Out[12]:",
+    "Cell In[3], line 2",
+    "Xin[4]",
+    "[5]",
     "x[12]",
     "[3]:",
     "127.0.0.1:54321",
