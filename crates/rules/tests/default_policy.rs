@@ -43,6 +43,14 @@ fn builtin_default_is_valid_and_has_no_warnings() {
         ("mcp__exa__web_search_exa", "research"),
         ("Task", "delegation"),
         ("delegate_work_to_coworker", "delegation"),
+        // Names that start with a write.
+        ("createIssue", "modification"),
+        ("mcp__github__create_issue", "modification"),
+        ("mcp__jupyter__update_cell", "modification"),
+        ("delete_row", "modification"),
+        // The bookkeeping tools keep their own category.
+        ("update_plan", "bookkeeping"),
+        ("write_todos", "bookkeeping"),
     ] {
         assert_eq!(
             cfg.place_tool(tool).category.map(|c| c.name.as_str()),
