@@ -110,7 +110,14 @@ struct Role {
     describes: bool,
     /// It names the target exactly ([`REFERENCE_KEY`]).
     reference: bool,
+    /// It holds code a tool runs ([`CODE_KEY`]).
+    code: bool,
 }
+
+/// The argument holding the code a code-running tool executes (OpenHands'
+/// `execute_ipython_cell`, smolagents' `python_interpreter`): code that writes files
+/// ([`shell::code_writes`]) makes the call a write, as such a script run by a shell does.
+const CODE_KEY: &str = "code";
 
 /// The argument a browser tool's call describes its target with, in the model's own words
 /// (Playwright MCP's `element`: "Human-readable element description used to obtain permission
@@ -133,6 +140,7 @@ impl Role {
             edit: edit_side(k.as_bytes()),
             describes: k == DESCRIPTION_KEY,
             reference: k == REFERENCE_KEY,
+            code: k == CODE_KEY,
             ..Role::default()
         }
     }
@@ -146,6 +154,7 @@ impl Role {
             edit: edit_side(k),
             describes: k == DESCRIPTION_KEY.as_bytes(),
             reference: k == REFERENCE_KEY.as_bytes(),
+            code: k == CODE_KEY.as_bytes(),
             ..Role::default()
         }
     }
@@ -204,7 +213,8 @@ pub struct CallKeys {
     /// edit changes nothing.
     pub noop_edit: bool,
     /// The arguments name a text to replace and its replacement (`old_str` and `new_str`,
-    /// `search` and `replace`, …): the call edits, whatever its tool is named.
+    /// `search` and `replace`, …), or hold code that writes files (a `code` argument running
+    /// `open(p, 'w').write(s)`): the call edits, whatever its tool is named.
     pub edit: bool,
     /// A shell command that only shows the state of the work: every command of its line is
     /// one of `shell.state_queries` (`git status && git diff`).
@@ -658,6 +668,7 @@ impl FingerprintRules {
         let mut path: Option<&str> = None;
         let mut read_only = false;
         let mut edit = EditSides::<&str>::default();
+        let mut code_writes = false;
         let mut target = 0u64;
         let mut wait = WaitArgs::default();
         for (k, x) in map {
@@ -681,6 +692,7 @@ impl FingerprintRules {
             }
             if let Value::String(s) = x {
                 edit.see(role.edit, s.as_str());
+                code_writes |= role.code && shell::code_writes(s);
             }
             let is_command = match role.command {
                 Some(pos) if command.is_none_or(|c| pos < c.pos) => {
@@ -742,7 +754,7 @@ impl FingerprintRules {
             fuzzy: exact,
             read_only,
             noop_edit: edit.same(|a, b| a == b),
-            edit: edit.both(),
+            edit: edit.both() || code_writes,
             target,
             wait: wait.waits(),
             ..CallKeys::default()

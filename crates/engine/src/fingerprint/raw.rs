@@ -204,6 +204,7 @@ impl<'a> Scanner<'a> {
         let mut any_primary = false;
         let mut read_only = false;
         let mut edit = EditSides::<Src>::default();
+        let mut code_writes = false;
         let mut target = 0u64;
         // The shell command: its key's position among the command keys, its value, and its
         // text hash when computed.
@@ -238,6 +239,7 @@ impl<'a> Scanner<'a> {
                         read_only = true;
                     }
                     edit.see(role.edit, src);
+                    code_writes |= role.code && super::shell::code_writes(v);
                     let text = f.scanned_text_hash(v, path_key, plain);
                     if path_key && !role.volatile {
                         target = target.wrapping_add(mix(kh, mix(tag::STRING, text)));
@@ -318,7 +320,7 @@ impl<'a> Scanner<'a> {
             fuzzy: exact,
             read_only,
             noop_edit: edit.same(|a, b| self.str_of(a).is_some_and(|a| Some(a) == self.str_of(b))),
-            edit: edit.both(),
+            edit: edit.both() || code_writes,
             target,
             wait: wait.waits(),
             ..CallKeys::default()

@@ -191,7 +191,14 @@ pub(super) fn script_writes(cmd: &str) -> bool {
                 )
             })
     });
-    interpreted
+    interpreted && code_writes(cmd)
+}
+
+/// Whether a script's text writes files (see [`SCRIPT_WRITES`]); writing to the standard
+/// streams (`sys.stdout.write(`) is not. Also read for a code-running tool's `code` argument.
+pub(crate) fn code_writes(code: &str) -> bool {
+    let b = code.as_bytes();
+    memchr::memchr(b'(', b).is_some()
         && SCRIPT_WRITES.iter().any(|m| {
             memchr::memmem::find_iter(b, m).any(|at| {
                 let before = &b[..at];

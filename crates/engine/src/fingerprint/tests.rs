@@ -545,6 +545,32 @@ fn a_description_beside_a_reference_is_no_part_of_the_call() {
 }
 
 #[test]
+fn code_that_writes_files_makes_a_call_a_write() {
+    let (c, f) = rules();
+    let t = f.tool_keys(c, "execute_ipython_cell");
+    let both = |code: &str| {
+        let v = json!({ "code": code });
+        let parsed = f.keys(&t, &Arguments::Json(&v), &[]);
+        assert_eq!(
+            parsed,
+            f.keys(&t, &Arguments::Raw(&v.to_string()), &[]),
+            "{code}"
+        );
+        parsed.edit
+    };
+    assert!(both(
+        "src = open('utils.py').read()\nopen('utils.py', 'w').write(src.replace('a', 'b'))"
+    ));
+    assert!(both(
+        "from pathlib import Path\nPath('out.txt').write_text('x')"
+    ));
+    assert!(both("import os\nos.remove('stale.lock')"));
+    assert!(!both("print(open('utils.py').read())"));
+    assert!(!both("import sys\nsys.stdout.write('done')"));
+    assert!(!both("1 + 1"));
+}
+
+#[test]
 fn the_models_narration_of_a_call_is_no_part_of_it() {
     for (tool, key) in [
         ("list_dir", "explanation"),
@@ -631,6 +657,7 @@ fn respace(v: &Value) -> Value {
 /// Keys with every role: primary, path, command, volatile, read-only, a description and the
 /// reference it describes, and none.
 const ARB_KEYS: &[&str] = &[
+    "code",
     "element",
     "ref",
     "old_str",
