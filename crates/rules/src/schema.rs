@@ -503,6 +503,9 @@ detector_section! {
         /// wait for the first call of the next turn before flagging (A→B→A→B→A), so that a pair of
         /// steps done twice is not yet a loop; `false` flags at the end of the last full turn
         confirm: bool = BOOL, "true";
+        /// a step whose normalized result differs from the same call's one turn before is
+        /// progress and breaks the cycle (`false` for tools whose answers vary by themselves)
+        reset_on_changed_result: bool = BOOL, "true";
     }
 }
 

@@ -113,9 +113,9 @@ pub fn fuzzy_repeat(w: &Window<'_>, p: &FuzzyRepeat, allowance: u32) -> Option<D
 }
 
 /// Two positions one period apart continue a cycle: same call, and no progress in its result
-/// where both are known.
-fn same_step(a: &Record, b: &Record) -> bool {
-    let changed = a.real_result() && b.real_result() && !a.same_outcome_as(b);
+/// where both are known (with `reset`; without, a changed result is no progress).
+fn same_step(a: &Record, b: &Record, reset: bool) -> bool {
+    let changed = reset && a.real_result() && b.real_result() && !a.same_outcome_as(b);
     a.exact == b.exact && !a.has(flag::WAIT) && !b.has(flag::WAIT) && !changed
 }
 
@@ -133,7 +133,7 @@ pub fn cycle(w: &Window<'_>, p: &Cycle, allowance: u32) -> Option<Detection> {
             break;
         }
         let step = |i: usize| match (w.get(i), w.get(i + per)) {
-            (Some(a), Some(b)) => same_step(a, b),
+            (Some(a), Some(b)) => same_step(a, b, p.reset_on_changed_result),
             _ => false,
         };
         // The current call one period back is the cheapest condition to check, so first.
@@ -807,6 +807,38 @@ mod tests {
         d.interleaved.threshold = thresholds[2];
         d.unknown_tool.threshold = thresholds[3];
         d
+    }
+
+    /// Two calls made in turn whose answers differ each time (a search engine's hits in
+    /// another order): no cycle while a changed answer is progress, a cycle once it is not.
+    #[test]
+    fn a_cycle_of_calls_whose_answers_vary_by_themselves() {
+        // Oldest first: A B A B A, every answer another digest.
+        let ring: Vec<Record> = (0..5u32)
+            .map(|i| Record {
+                exact: 1 + i % 2,
+                fuzzy: 1 + i % 2,
+                digest: 10 + i,
+                flags: flag::RESULT,
+                ..Record::default()
+            })
+            .collect();
+        let w = Window {
+            buf: &ring,
+            start: 0,
+            filled: 5,
+            live: 5,
+            newest_seq: 100,
+        };
+        let mut p = detectors(false, [true; 2], true, [true; 4], [3, 4, 3, 2]).cycle;
+        p.min_period = 2;
+        p.max_period = 4;
+        p.repetitions = 2;
+        p.confirm = true;
+        p.reset_on_changed_result = true;
+        assert_eq!(cycle(&w, &p, 0), None);
+        p.reset_on_changed_result = false;
+        assert_eq!(cycle(&w, &p, 0).map(|d| d.count), Some(2));
     }
 
     proptest! {
