@@ -264,50 +264,39 @@ impl Config {
                 setting,
             };
         }
-        for c in self.categories.iter().filter(|c| c.name != "default") {
-            if let Some(i) = c.matchers.iter().position(|m| m.is_match(tool)) {
-                return Placement {
-                    category: Some(c),
-                    reason: PlacementReason::Pattern(c.tools.get(i).map_or("", String::as_str)),
-                    setting,
-                };
-            }
-        }
-        // Without case, a name also matches a listed name spelled with other word breaks
-        // (`ReadFile`, `read-file` for `read_file`): the same tool in another framework's style.
-        // A name in a namespace (`functions.shell`, `default_api:read_file`, `tools/grep`) is
-        // placed by its own part when the whole name is listed nowhere.
+        // The first declared category (but `default`) with a pattern `hit` accepts, and where.
+        let placed = |hit: &dyn Fn(&crate::check::NameGlob) -> bool| {
+            self.categories
+                .iter()
+                .filter(|c| c.name != "default")
+                .find_map(|c| c.matchers.iter().position(hit).map(|i| (c, i)))
+        };
         let fold = self.fingerprint.case_insensitive_tools;
-        let folded = |name: &str| fold.then(|| fold_name(name));
         let bare = bare_name(tool);
-        let passes = [
-            (tool, false, folded(tool)),
-            (
-                bare,
-                bare.len() < tool.len(),
-                folded(bare).filter(|_| bare.len() < tool.len()),
-            ),
-        ];
-        for (name, whole, folded) in passes {
-            if !whole && folded.is_none() {
-                continue;
-            }
-            for c in self.categories.iter().filter(|c| c.name != "default") {
-                let listed = c.matchers.iter().position(|m| {
-                    (whole && m.is_match(name))
-                        || match (m, &folded) {
-                            (crate::check::NameGlob::Literal(l), Some(f)) => fold_name(l) == *f,
-                            _ => false,
-                        }
-                });
-                if let Some(i) = listed {
-                    return Placement {
-                        category: Some(c),
-                        reason: PlacementReason::Pattern(c.tools.get(i).map_or("", String::as_str)),
-                        setting,
-                    };
+        // The name as it is; without case, a listed name spelled with other word breaks
+        // (`ReadFile`, `read-file` for `read_file`): the same tool in another framework's
+        // style; then, for a name in a namespace (`functions.shell`, `default_api:read_file`,
+        // `tools/grep`) listed nowhere whole, its own part, both ways.
+        let found = placed(&|m| m.is_match(tool))
+            .or_else(|| {
+                let folded = fold.then(|| fold_name(tool))?;
+                placed(&|m| literal_folded_as(m, &folded))
+            })
+            .or_else(|| {
+                if bare.len() == tool.len() {
+                    return None;
                 }
-            }
+                let folded = fold.then(|| fold_name(bare));
+                placed(&|m| {
+                    m.is_match(bare) || folded.as_deref().is_some_and(|f| literal_folded_as(m, f))
+                })
+            });
+        if let Some((c, i)) = found {
+            return Placement {
+                category: Some(c),
+                reason: PlacementReason::Pattern(c.tools.get(i).map_or("", String::as_str)),
+                setting,
+            };
         }
         match self.categories.iter().find(|c| c.name == "default") {
             Some(c) => Placement {
@@ -328,6 +317,14 @@ impl Config {
 /// `tools/grep`): what follows the last `.`, `:` or `/`; the whole name when it has none.
 pub fn bare_name(tool: &str) -> &str {
     tool.rsplit(['.', ':', '/']).next().unwrap_or(tool)
+}
+
+/// A literal name (no glob) that folds ([`fold_name`]) to `folded`.
+fn literal_folded_as(m: &crate::check::NameGlob, folded: &str) -> bool {
+    match m {
+        crate::check::NameGlob::Literal(l) => fold_name(l) == folded,
+        crate::check::NameGlob::Glob(_) => false,
+    }
 }
 
 /// A tool name without case and without the `_` and `-` between its words: `ReadFile`,

@@ -447,9 +447,9 @@ fn execution_count_at(b: &[u8], open: usize) -> bool {
     })
 }
 
-/// A number that its neighbours say is a counter, a pid or a port, `n` digits at `i` (`i >= 2`): a
-/// program's pid in a log line's tag (`app[2211]:`), an ephemeral port after a host
-/// (`127.0.0.1:54321`, `localhost:61234`).
+/// A number that its neighbours say is a counter, a pid or a port, `n` digits at `i` (`i >= 2`):
+/// a notebook's execution count (`In [7]:`), a program's pid in a log line's tag
+/// (`app[2211]:`), an ephemeral port after a host (`127.0.0.1:54321`, `localhost:61234`).
 #[inline]
 fn tagged_number(m: &Maskers, b: &[u8], i: usize, n: usize) -> Option<(usize, Rep)> {
     match b[i - 1] {
