@@ -275,12 +275,18 @@ impl Config {
         let bare = bare_name(tool);
         // The name as it is; without case, a listed name spelled with other word breaks
         // (`ReadFile`, `read-file` for `read_file`): the same tool in another framework's
-        // style; then, for a name in a namespace (`functions.shell`, `default_api:read_file`,
-        // `tools/grep`) listed nowhere whole, its own part, both ways.
+        // style; a name written as words (`Delegate work to coworker`, `Web Search Tool`) as
+        // the snake-case name those words make, matched by names and patterns alike; then, for
+        // a name in a namespace (`functions.shell`, `default_api:read_file`, `tools/grep`)
+        // listed nowhere whole, its own part, both ways.
         let found = placed(&|m| m.is_match(tool))
             .or_else(|| {
                 let folded = fold.then(|| fold_name(tool))?;
                 placed(&|m| literal_folded_as(m, &folded))
+            })
+            .or_else(|| {
+                let snake = fold.then(|| words_name(tool)).flatten()?;
+                placed(&|m| m.is_match(&snake))
             })
             .or_else(|| {
                 if bare.len() == tool.len() {
@@ -334,6 +340,35 @@ fn fold_name(name: &str) -> String {
         .filter(|b| !matches!(b, b'_' | b'-'))
         .map(|b| char::from(b.to_ascii_lowercase()))
         .collect()
+}
+
+/// A name written as words (`Delegate work to coworker`, `Read a file's content`), as the
+/// snake-case name they make (`delegate_work_to_coworker`, `read_a_files_content`): lower
+/// case, each run of spaces between words one `_`, an apostrophe inside a word dropped.
+/// `None` for a name with no space (an identifier keeps its own spelling) and for a name of
+/// other characters than ASCII letters, digits, spaces, `_`, `-` and `'`.
+fn words_name(name: &str) -> Option<String> {
+    let name = name.trim();
+    if !name.contains(' ')
+        || name.len() > 128
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b' ' | b'_' | b'-' | b'\''))
+    {
+        return None;
+    }
+    let mut out = String::with_capacity(name.len());
+    for word in name.split([' ', '-']).filter(|w| !w.is_empty()) {
+        if !out.is_empty() {
+            out.push('_');
+        }
+        out.extend(
+            word.chars()
+                .filter(|&c| c != '\'')
+                .map(|c| c.to_ascii_lowercase()),
+        );
+    }
+    Some(out)
 }
 
 impl Param for Action {

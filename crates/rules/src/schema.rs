@@ -720,7 +720,8 @@ section! {
         path_separators: bool = BOOL, "true";
         /// tool names compare without case; a tool no category lists by its name is also
         /// placed by a listed name spelled with other word breaks (`ReadFile` and `read-file`
-        /// as `read_file`)
+        /// as `read_file`), and a name written in words by the snake-case name they make
+        /// (`Delegate work to coworker` as `delegate_work_to_coworker`, for names and patterns)
         case_insensitive_tools: bool = BOOL, "false";
     }
 }

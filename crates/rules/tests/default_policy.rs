@@ -43,6 +43,16 @@ fn builtin_default_is_valid_and_has_no_warnings() {
         ("mcp__exa__web_search_exa", "research"),
         ("Task", "delegation"),
         ("delegate_work_to_coworker", "delegation"),
+        // Names written as words (CrewAI's), by the snake-case name they make.
+        ("Delegate work to coworker", "delegation"),
+        ("Ask question to coworker", "delegation"),
+        ("Search the internet with Serper", "research"),
+        ("Web Search Tool", "research"),
+        ("Read a file's content", "exploration"),
+        ("List files in directory", "exploration"),
+        ("Read website content", "exploration"),
+        ("File Writer Tool", "modification"),
+        ("tavily_search_results_json", "research"),
         // Names that start with a write.
         ("createIssue", "modification"),
         ("mcp__github__create_issue", "modification"),
@@ -61,6 +71,13 @@ fn builtin_default_is_valid_and_has_no_warnings() {
     // A namespace named after a listed tool does not place the tool in it.
     assert_eq!(
         cfg.place_tool("shell.frobnicate")
+            .category
+            .map(|c| c.name.as_str()),
+        Some("default")
+    );
+    // Words that make no listed name stay in `default`.
+    assert_eq!(
+        cfg.place_tool("Frobnicate the widget")
             .category
             .map(|c| c.name.as_str()),
         Some("default")

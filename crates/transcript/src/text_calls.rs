@@ -51,6 +51,8 @@ pub(crate) struct TextCall {
 
 /// Longest tool name read from text.
 const MAX_NAME: usize = 64;
+/// Most words of a tool name written in words, followed by its `Action Input`.
+const MAX_NAME_WORDS: usize = 8;
 /// Most tags an XML tool use is searched for parameters.
 const MAX_PARAMS: usize = 64;
 
@@ -423,9 +425,12 @@ fn react_call(text: &str) -> Option<TextCall> {
             prose: offset(text, lines[at]),
         });
     }
-    if is_final(named) || named.len() > MAX_NAME || named.split_whitespace().count() > 4 {
+    if is_final(named) || named.len() > MAX_NAME {
         return None;
     }
+    // A tool may be named in words (CrewAI's `Search the internet with Serper`); an action
+    // line of more words is a sentence, not a name.
+    let words = named.split_whitespace().count();
     let Some(k) = rest
         .iter()
         .position(|l| labelled(l, "Action Input").is_some())
@@ -441,6 +446,9 @@ fn react_call(text: &str) -> Option<TextCall> {
             prose: offset(text, lines[at]),
         });
     };
+    if words > MAX_NAME_WORDS {
+        return None;
+    }
     let mut input = vec![labelled(rest[k], "Action Input")?];
     input.extend(
         rest[k + 1..]
@@ -604,6 +612,24 @@ mod tests {
         assert_eq!(
             call("I will read it.\nAction: read_fixed_file\n"),
             Some(("read_fixed_file".into(), json!({}), true))
+        );
+        // A tool named in words (CrewAI's), its input after it.
+        assert_eq!(
+            call(
+                "Thought: search it\nAction: Search the internet with Serper\nAction Input: {\"search_query\": \"uv\"}"
+            ),
+            Some((
+                "Search the internet with Serper".into(),
+                json!({"search_query": "uv"}),
+                true
+            ))
+        );
+        assert_eq!(
+            call(
+                "Action: I will first look at the logs and then decide which of the files to change\nAction Input: x"
+            ),
+            None,
+            "a sentence is no tool name"
         );
         assert_eq!(call("Action: search the web"), None, "no tool name");
         assert_eq!(
