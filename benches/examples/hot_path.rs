@@ -6,7 +6,8 @@
 //! `valgrind --tool=callgrind --toggle-collect='*Engine::observe*'
 //! target/release/examples/hot_path raw-call 1000`
 //! (kinds: `json-call`, `raw-call`, `result-1k`, `result-64k`, and `result-mixed-1k`,
-//! `result-mixed-64k` for outputs of source, prose and listings rather than a build log). Without valgrind it prints the
+//! `result-mixed-64k` for outputs of source, prose and listings rather than a build log, and
+//! `result-file=PATH` for the text of a file as every result). Without valgrind it prints the
 //! fastest and the median round's time per event (for the result kinds, of the results only):
 //! a quick before/after check on a busy machine, where the fastest round is the least disturbed.
 
@@ -29,7 +30,13 @@ fn main() {
         "result-64k" => big_output(64 * 1024),
         "result-mixed-1k" => mixed_output(1024),
         "result-mixed-64k" => mixed_output(64 * 1024),
-        _ => String::new(),
+        k => match k.strip_prefix("result-file=") {
+            Some(path) => std::fs::read_to_string(path).unwrap_or_else(|e| {
+                eprintln!("hot_path: cannot read {path}: {e}");
+                std::process::exit(2)
+            }),
+            None => String::new(),
+        },
     };
     let raw = kind == "raw-call";
     let results = kind.starts_with("result");

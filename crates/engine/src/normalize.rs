@@ -293,11 +293,14 @@ impl ResultRules {
         } else {
             None
         };
+        // An answer that found nothing is short: a longer one is not searched for the words
+        // that say so (a long output is not read to its end for them).
         let empty = (error && says_nothing(masked))
-            || match &self.empty_any {
-                Some(set) => set.is_match(buf),
-                None => self.empty.iter().any(|re| re.is_match(buf)),
-            };
+            || (masked.len() <= EMPTY_MAX_BYTES
+                && match &self.empty_any {
+                    Some(set) => set.is_match(buf),
+                    None => self.empty.iter().any(|re| re.is_match(buf)),
+                });
         Outcome {
             // Nothing found is one answer, however a tool words it and whatever it echoes of
             // the request (`No matches found for pattern "retry" in path "src"`): different
@@ -321,6 +324,9 @@ impl ResultRules {
         }
     }
 }
+
+/// The longest masked, trimmed result that `results.empty_patterns` are tried on.
+pub(crate) const EMPTY_MAX_BYTES: usize = 4096;
 
 /// The digest of every successful answer that found nothing ([`Outcome::empty`]).
 const EMPTY_DIGEST: u64 = 0x6e6f_7468_696e_6721;

@@ -804,8 +804,9 @@ section! {
             "[ansi, timestamps, uuids, hex_ids, pids, durations, counters, temp_paths, ids]";
         /// extra regexes masked before results are compared
         patterns: Vec<MaskPattern> = Kind::List(&Kind::Section(MASK_PATTERN.fields)), "[]";
-        /// regexes (on the masked result) that mean an empty result: nothing found, however
-        /// worded and whatever it echoes of the request (every empty answer is one outcome)
+        /// regexes (on the masked result, when it is at most 4 KiB once trimmed: an answer that
+        /// found nothing is short) that mean an empty result: nothing found, however worded and
+        /// whatever it echoes of the request (every empty answer is one outcome)
         empty_patterns: Vec<Regex> = REGEXES,
             r#"['^\s*$', '^\s*(\[\s*\]|\{\s*\}|null|none)\s*$', '(?i)^\s*(no (matches|results|files|entries)( found)?|0 (matches|results)|nothing found|not found)\.?\s*$', '(?i)^\s*((no|0|zero) (match|matches|result|results|file|files|entries|documents|items|records|hits|pages|occurrences)( were| was)? found|no (matches|results) for|found (0|no|zero) (matches|results|files|entries|occurrences|documents|items|records|hits))\b[^\n]{0,240}$']"#;
         /// regexes on the start of a result (its first 512 bytes, masked) that mean the call

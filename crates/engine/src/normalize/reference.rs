@@ -695,8 +695,9 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
     } else {
         (digest_folding_ends(super::without_id_ends(masked)), 0)
     };
-    let empty =
-        (error && super::says_nothing(masked)) || rules.empty.iter().any(|re| re.is_match(buf));
+    let empty = (error && super::says_nothing(masked))
+        || (masked.len() <= super::EMPTY_MAX_BYTES
+            && rules.empty.iter().any(|re| re.is_match(buf)));
     Outcome {
         // Every successful answer that found nothing is one outcome.
         digest: if empty && !error {

@@ -189,6 +189,25 @@ fn nothing_found_is_one_answer_whatever_it_echoes() {
     }
 }
 
+/// An answer that found nothing is short: a long output is not read for the words that say
+/// so, even where a policy's pattern would find them.
+#[test]
+fn a_long_output_is_not_read_for_an_empty_answer() {
+    let loaded = loopguard_rules::Policy::load_text(
+        std::path::Path::new("t.yaml"),
+        "version: 1\nresults: { empty_patterns: ['(?i)no results'] }\n".to_owned(),
+    );
+    let r = ResultRules::from_config(&loaded.policy.unwrap().resolve(None, None));
+    let short = "No results for the query.\n".to_owned();
+    assert!(r.outcome(&plain_result(&short)).empty);
+    let filler = "a line the search printed before it gave up\n".repeat(EMPTY_MAX_BYTES / 40);
+    let long = format!("{filler}{short}");
+    assert!(long.trim().len() > EMPTY_MAX_BYTES);
+    assert!(!r.outcome(&plain_result(&long)).empty);
+    let at_the_bound = &long[long.len() - EMPTY_MAX_BYTES..];
+    assert!(r.outcome(&plain_result(at_the_bound)).empty);
+}
+
 /// Editing tools say their replacement failed without the word `error`: such a result is a
 /// failure, whatever the transcript's flags say.
 #[test]
@@ -828,6 +847,19 @@ proptest::proptest! {
             .collect();
         let m = maskers(on);
         proptest::prop_assert_eq!(mask(&m, &s), mask_trying_every_byte(&m, &s));
+    }
+
+    /// The search for the next cue finds, sixteen bytes at a time, what the eight-byte one
+    /// finds, from any offset (hex letters in runs across the sixteen-byte steps included).
+    #[test]
+    fn the_next_cue_is_found_alike_either_way(
+        s in "([a-fA-F]{0,20}|[ -~]{0,6}|[g-z ]{0,24}|\x1b|é|😀){0,24}",
+        from in 0usize..200,
+    ) {
+        let b = s.as_bytes();
+        let from = from.min(b.len());
+        let (wide, narrow) = super::mask::next_cue_both(b, from);
+        proptest::prop_assert_eq!(wide, narrow);
     }
 
     /// The same for texts of arbitrary bytes from the alphabet the maskers read.
