@@ -206,16 +206,16 @@ fn next_cue_sse2(b: &[u8], from: usize) -> usize {
     // The hex letters of the 16 bytes before `j` (none before `from`).
     let mut prev = 0u32;
     while j < b.len() {
-        let chunk = match b.get(j..j + 16).and_then(|s| <&[u8; 16]>::try_from(s).ok()) {
-            Some(c) => *c,
+        // Read in place (a copy first would cost a stall on every call).
+        let v = match b.get(j..j + 16).and_then(|s| <&[u8; 16]>::try_from(s).ok()) {
+            Some(c) => load_unaligned_m128i(c),
             None => {
                 // The last bytes, padded with zeros (no cue, no hex letter).
                 let mut c = [0u8; 16];
                 c[..b.len() - j].copy_from_slice(&b[j..]);
-                c
+                load_unaligned_m128i(&c)
             }
         };
-        let v = load_unaligned_m128i(&chunk);
         // `/` and the digits are neighbours in ASCII: one range.
         let cue = bitor_m128i(
             within(v, b'/', b'9' - b'/'),
