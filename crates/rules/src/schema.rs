@@ -799,7 +799,7 @@ section! {
         /// built-in maskers applied before results are compared (`counters`: `attempt 3`, `#7`,
         /// `(3/10)`; `ids`: opaque tokens of 6+ letters and digits such as `msg_01H8XK2`, and a
         /// local host's ephemeral port; `pids`: `pid 7`, a log tag's `app[2211]:`; `durations`:
-        /// `45 ms`, `2 hours`, `4m55s`)
+        /// `45 ms`, `2 hours`, `4m55s`, and rates: `12.3 MB/s`, `9.52it/s`)
         mask: Vec<String> = Kind::List(&Kind::Enum(MASKERS)),
             "[ansi, timestamps, uuids, hex_ids, pids, durations, counters, temp_paths, ids]";
         /// extra regexes masked before results are compared

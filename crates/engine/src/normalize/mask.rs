@@ -427,9 +427,13 @@ fn word_at(
         }
         if m.durations
             && after.is_some_and(|u| u == b'.' || u == b' ' || u == 0xc2 || class(u) & ALPHA != 0)
-            && let Some(len) = duration_len(b, i, n)
         {
-            return Some((len, rep!("<dur>")));
+            if let Some(len) = duration_len(b, i, n) {
+                return Some((len, rep!("<dur>")));
+            }
+            if let Some(len) = rate_len(b, i, n) {
+                return Some((len, rep!("<rate>")));
+            }
         }
         if i >= 2
             && let Some(hit) = tagged_number(m, b, i, n)
@@ -801,6 +805,7 @@ fn volatile_key(k: &[u8]) -> bool {
             | b"secs"
             | b"sec"
             | b"millis"
+            | b"seed"
     )
 }
 
@@ -1042,6 +1047,54 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     }
     // A unit followed by the next amount (`4m55s`, `1h2m3.5s`): the word is a run of them.
     groups_end(b, at).map(|e| e - i)
+}
+
+/// A rate at `i` (`n` digits there): an amount, maybe one space, a unit of data or of work
+/// and `/s` (`12.3 MB/s`, `850KiB/s`, `9.52it/s`): how fast a download or a loop went, which
+/// changes from one run to the next.
+// Out of line: rare, and the masker's loop keeps more in registers without it.
+#[inline(never)]
+fn rate_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
+    let mut j = i + n;
+    j += fraction(b, j);
+    if b.get(j) == Some(&b' ') {
+        j += 1;
+    }
+    // The units' first letters rule out most words before they are read.
+    if !matches!(
+        b.get(j)?,
+        b'B' | b'b' | b'k' | b'K' | b'M' | b'G' | b'T' | b'i'
+    ) {
+        return None;
+    }
+    let end = word_end(b, j);
+    (rate_unit(&b[j..end]) && b.get(end..end + 2) == Some(b"/s") && end_ok(b, end + 2))
+        .then_some(end + 2 - i)
+}
+
+/// A unit of data or of work that a rate counts per second.
+fn rate_unit(u: &[u8]) -> bool {
+    matches!(
+        u,
+        b"B" | b"kB"
+            | b"KB"
+            | b"MB"
+            | b"GB"
+            | b"TB"
+            | b"KiB"
+            | b"MiB"
+            | b"GiB"
+            | b"TiB"
+            | b"kb"
+            | b"Kb"
+            | b"Mb"
+            | b"Gb"
+            | b"bit"
+            | b"kbit"
+            | b"Mbit"
+            | b"Gbit"
+            | b"it"
+    )
 }
 
 /// A unit that follows an amount directly.

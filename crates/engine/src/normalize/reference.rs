@@ -166,6 +166,11 @@ fn word_mask<'r>(m: &Maskers, b: &[u8], i: usize) -> Option<(usize, &'r str)> {
         {
             return Some((len, "<dur>"));
         }
+        if m.durations
+            && let Some(len) = rate_len(b, i, n)
+        {
+            return Some((len, "<rate>"));
+        }
         // A notebook's execution count: `In [7]:`, `Out[7]:`, `Cell In[7], line 3`.
         if m.counters && i >= 1 && b[i - 1] == b'[' && b.get(i + n) == Some(&b']') {
             let head = &b[..i - 1];
@@ -294,6 +299,7 @@ const VOLATILE_KEYS: &[&str] = &[
     "secs",
     "sec",
     "millis",
+    "seed",
 ];
 
 /// The number at `i` is the value of a key such as `"took_ms": 132`, `request_id=88`,
@@ -506,6 +512,34 @@ fn duration_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     }
     best.map(|e| e - i)
 }
+
+/// A rate: an amount, maybe one space, a unit of data or of work, `/s`, ending a word
+/// (`12.3 MB/s`, `9.52it/s`).
+fn rate_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
+    let mut j = i + n;
+    if b.get(j) == Some(&b'.') && digits(b, j + 1) > 0 {
+        j += 1 + digits(b, j + 1);
+    }
+    if b.get(j) == Some(&b' ') {
+        j += 1;
+    }
+    let end = j + b[j.min(b.len())..]
+        .iter()
+        .take_while(|&&c| is_word(c))
+        .count();
+    let unit = std::str::from_utf8(&b[j.min(b.len())..end]).ok()?;
+    let rest = &b[end..];
+    (RATE_UNITS.contains(&unit)
+        && rest.starts_with(b"/s")
+        && rest.get(2).is_none_or(|&c| !is_word(c)))
+    .then_some(end + 2 - i)
+}
+
+/// The units of data and of work a rate counts per second.
+const RATE_UNITS: &[&str] = &[
+    "B", "kB", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "kb", "Kb", "Mb", "Gb", "bit",
+    "kbit", "Mbit", "Gbit", "it",
+];
 
 /// Units that follow an amount directly (`µs` apart: it ends a duration).
 const TIGHT: &[&str] = &[

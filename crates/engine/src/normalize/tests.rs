@@ -104,6 +104,15 @@ fn masks_noise() {
         ("id msg_01H8XK2ZQW9 messageId=77", "id <id> messageId=<n>"),
         ("Process Group PGID: 48213", "Process Group pid <n>"),
         ("REVISION: 14", "revision <n>"),
+        (
+            "64.9/64.9 kB 1.2 MB/s eta 0:00:00; 850KiB/s; 10/10 [00:01<00:00, 9.52it/s]",
+            "64.9/64.9 kB <rate> eta <ts>; <rate>; 10/10 [00:01<00:00, <rate>]",
+        ),
+        ("12 MB/sec 3 MB/s2 4 Mbps", "12 MB/sec 3 MB/s2 4 Mbps"),
+        (
+            "Using --randomly-seed=48213; seed: 7",
+            "Using --randomly-seed=<n>; seed: <n>",
+        ),
     ];
     for (input, want) in cases {
         assert_eq!(mask(&m, input), want, "{input:?}");
@@ -688,6 +697,12 @@ const PIECES: &[&str] = &[
     "v1.2.3.4:45000",
     "1..2.3:45000",
     "LOCALHOST:50000",
+    "1.2 MB/s",
+    "850KiB/s",
+    "9.52it/s",
+    "3 MB/sx",
+    "4 mb/s",
+    "seed=48213",
     "3 times",
     "3 TIMES",
     "3 timesx",
