@@ -319,7 +319,7 @@ impl ResultRules {
             // A failure that says nothing but its exit code (`grep` finding no match) is an
             // empty answer.
             empty,
-            retryable: error && self.retryable.iter().any(|re| re.is_match(buf)),
+            retryable: error && retryable(&self.retryable, masked),
             echo: false,
         }
     }
@@ -458,6 +458,27 @@ fn exception_at(line: &str) -> Option<usize> {
 const TAIL_BYTES: usize = 512;
 
 /// The last `n` bytes of `text` or fewer, from a character boundary.
+/// Bytes read from each end of a failure for `results.retryable_patterns`.
+pub(super) const RETRYABLE_BYTES: usize = 512;
+
+/// Whether a failure's masked text says, at its start or its end, that the trouble was the
+/// infrastructure's (a rate limit, a 5xx, a connection reset): where a client or a harness
+/// reports it. What the output quotes in between (a task's text, a page, a test's expected
+/// status) says nothing of why this call failed.
+pub(super) fn retryable(patterns: &[Regex], masked: &str) -> bool {
+    if patterns.is_empty() {
+        return false;
+    }
+    let mut head = masked.len().min(RETRYABLE_BYTES);
+    while !masked.is_char_boundary(head) {
+        head -= 1;
+    }
+    let (head, tail) = (&masked[..head], tail_of(masked, RETRYABLE_BYTES));
+    patterns
+        .iter()
+        .any(|re| re.is_match(head) || (tail.len() < masked.len() && re.is_match(tail)))
+}
+
 fn tail_of(text: &str, n: usize) -> &str {
     let mut from = text.len().saturating_sub(n);
     while !text.is_char_boundary(from) {

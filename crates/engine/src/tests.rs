@@ -568,6 +568,25 @@ fn retries_of_rate_limited_calls_are_not_loops() {
     );
 }
 
+/// A failing test run reports on the code under test: a 503 its test met is the code's
+/// failure, and the same run failing so again is a loop like any other.
+#[test]
+fn a_test_run_failing_on_a_service_unavailable_status_is_no_retry() {
+    let mut h = H::default();
+    let out = "E   assert 503 == 200\nE    +  where 503 = <Response streamed [503 SERVICE UNAVAILABLE]>.status_code\nFAILED tests/test_health.py::test_ok\n1 failed in 0.21s";
+    let (c1, _) = h.bash("pytest tests/test_health.py", out, true);
+    let (c2, _) = h.bash("pytest tests/test_health.py", out, true);
+    let (c3, _) = h.bash("pytest tests/test_health.py", out, true);
+    assert!(c1.is_allow() && c2.is_allow(), "{c1:?} {c2:?}");
+    assert_eq!(c3.action, Action::Warn, "{c3:?}");
+    // The same output from a command that runs no tests is the infrastructure's trouble.
+    let mut h = H::default();
+    for _ in 0..6 {
+        let (c, r) = h.bash("curl -sf https://api.example.com/health", out, true);
+        assert!(c.is_allow() && r.is_allow(), "{c:?} {r:?}");
+    }
+}
+
 #[test]
 fn user_asking_for_repeats_grants_an_allowance() {
     let mut h = H::default();

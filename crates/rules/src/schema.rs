@@ -833,9 +833,12 @@ section! {
         /// `FAIL: name`, `FAILED (failures=1)`, `Tests: 2 failed`, `npm ERR!`, `BUILD FAILED`)
         error_tail_patterns: Vec<Regex> = REGEXES,
             r#"['(?m)^[=_ -]*[1-9]\d* (failed|errors?)\b', '(?m)^FAILED \S+::', '(?m)^test result: FAILED\b', '(?m)^error: (could not compile|test failed|aborting due to)', '(?m)^(FAIL:?|--- FAIL:)\s', '(?m)^FAILED \((failures|errors)=', '(?m)^\s*Tests?:?\s+[1-9]\d* failed\b', '(?m)^\s*[1-9]\d* failing\b', '(?m)^npm (ERR!|error) ', '(?m)^make(\[\d+\])?: \*\*\* ', '(?m)^(BUILD FAILED|FAILURE: Build failed|\[ERROR\] BUILD FAILURE)', '(?mi)^\W{0,3}(exit(ed)?( with)? (code|status)|exit_code|returncode)"?\s*[:=]?\s*[1-9]']"#;
-        /// errors that are infrastructure trouble: retrying them is not a loop
+        /// regexes on either end of a failure (its first and last 512 bytes, masked) that mean
+        /// infrastructure trouble (a rate limit, a 5xx status, a dropped connection): retrying
+        /// the call is not a loop. A status is read with what says it is one (`HTTP 503`,
+        /// `status: 429`, `503 Service Unavailable`), not as a bare number (`assert 503 == 200`)
         retryable_patterns: Vec<Regex> = REGEXES,
-            r#"['(?i)\b(rate.?limit|too many requests|429|50[0234]|service unavailable|bad gateway|gateway time-?out|overloaded|temporarily unavailable|try again later|ECONNRESET|ETIMEDOUT|connection (reset|refused))\b']"#;
+            r#"['(?i)\b(rate.?limit(ed|s)?|too many requests|service unavailable|bad gateway|gateway time-?out|overloaded|temporarily unavailable|try again later|ECONNRESET|ETIMEDOUT|connection (reset|refused|timed out))\b', '(?i)\b(HTTP(/[0-9.]+)?|status( code)?|error( code)?|code)\W{0,3}(429|50[0234])\b']"#;
         /// only this many bytes from each end of a result are normalized and hashed
         max_bytes: usize = int(256, 16_777_216), "65536";
     }

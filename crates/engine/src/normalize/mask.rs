@@ -909,14 +909,15 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
         }
         return Some(j - i);
     }
-    // 12:34:56[.123], or 01:02.345 (minutes, seconds and their fraction: a test run's time)
+    // 12:34:56[.123], or 01:02.345 (minutes, seconds and their fraction: a test run's time),
+    // or a progress bar's elapsed and remaining minutes and seconds, `01:23<00:45`
     if (1..=2).contains(&n)
         && b.get(i + n) == Some(&b':')
         && two_digits(b, i + n + 1)
         && match b.get(i + n + 3) {
-            Some(b':') => true,
-            Some(b'.') => digit_at(b, i + n + 4),
-            _ => false,
+            Some(b':' | b'<') => true,
+            Some(b'.') if digit_at(b, i + n + 4) => true,
+            next => i > 0 && b[i - 1] == b'<' && !next.is_some_and(u8::is_ascii_digit),
         }
     {
         return Some(time_end(b, i) - i);

@@ -394,6 +394,14 @@ fn timestamp_len(b: &[u8], i: usize, n: usize) -> Option<usize> {
     {
         return Some(time_end(b, i) - i);
     }
+    // 01:23<00:45: a progress bar's elapsed and remaining minutes and seconds
+    if (1..=2).contains(&n)
+        && b.get(i + n) == Some(&b':')
+        && d2(i + n + 1)
+        && (b.get(i + n + 3) == Some(&b'<') || (i > 0 && b[i - 1] == b'<'))
+    {
+        return Some(time_end(b, i) - i);
+    }
     // 01:02.345: minutes, seconds and their fraction (a test run's time)
     if (1..=2).contains(&n)
         && b.get(i + n) == Some(&b':')
@@ -747,7 +755,7 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         long: sketch_plain(masked).is_some(),
         error,
         empty,
-        retryable: error && rules.retryable.iter().any(|re| re.is_match(buf)),
+        retryable: error && super::retryable(&rules.retryable, masked),
         echo: false,
     }
 }

@@ -106,9 +106,10 @@ fn masks_noise() {
         ("REVISION: 14", "revision <n>"),
         (
             "64.9/64.9 kB 1.2 MB/s eta 0:00:00; 850KiB/s; 10/10 [00:01<00:00, 9.52it/s]",
-            "64.9/64.9 kB <rate> eta <ts>; <rate>; 10/10 [00:01<00:00, <rate>]",
+            "64.9/64.9 kB <rate> eta <ts>; <rate>; 10/10 [<ts><<ts>, <rate>]",
         ),
         ("12 MB/sec 3 MB/s2 4 Mbps", "12 MB/sec 3 MB/s2 4 Mbps"),
+        ("10:30 a<b 10:30", "10:30 a<b 10:30"),
         (
             "Using --randomly-seed=48213; seed: 7",
             "Using --randomly-seed=<n>; seed: <n>",
@@ -161,6 +162,44 @@ fn classification() {
     assert!(rl.error && rl.retryable);
     // A successful output that mentions 500 is not retryable.
     assert!(!r.outcome(&res("total 500", false, None)).retryable);
+}
+
+/// Infrastructure trouble is said where a client or a harness says it, at either end of a
+/// failure, and a status with what makes it one; a status the output quotes in between (a
+/// task's text, a page) or compares (`assert 503 == 200`) is no such trouble.
+#[test]
+fn a_failure_is_retryable_by_what_its_ends_say() {
+    let loaded = loopguard_rules::Policy::builtin_default();
+    let c = loaded.policy.unwrap().resolve(None, None);
+    let r = ResultRules::from_config(&c);
+    let failed = |output: &str| r.outcome(&plain_result(output)).retryable;
+    for text in [
+        "HTTP 429 Too Many Requests",
+        "Error: status code 502 from upstream",
+        "curl: (7) Failed to connect to api.example.com port 443: Connection refused",
+        "requests.exceptions.HTTPError: 503 Server Error: Service Unavailable for url: https://x",
+        "openai.RateLimitError: Error code: 429 - {'error': {'message': 'Rate limit reached'}}",
+    ] {
+        assert!(
+            failed(&format!("Traceback (most recent call last):\n{text}")),
+            "{text}"
+        );
+    }
+    let middle = "x".repeat(RETRYABLE_BYTES);
+    for text in [
+        "E       assert 503 == 200",
+        "FAILED tests/test_api.py::test_limits - assert 429 == 200",
+        "For example http://amazon.com returns 503 for every get request",
+    ] {
+        assert!(!failed(&format!("error: build failed\n{text}")), "{text}");
+    }
+    // Said between the ends of a long failure (a page or a task the output quotes).
+    assert!(!failed(&format!(
+        "error: build failed\n{middle}\nHTTP 503 Service Unavailable\n{middle}\nexit 1"
+    )));
+    assert!(failed(&format!(
+        "error: build failed\n{middle}\nHTTP 503 Service Unavailable"
+    )));
 }
 
 #[test]
@@ -697,6 +736,11 @@ const PIECES: &[&str] = &[
     "v1.2.3.4:45000",
     "1..2.3:45000",
     "LOCALHOST:50000",
+    "[01:23<00:45,",
+    "<1:02]",
+    "<01:02.",
+    "10:30<",
+    "<10:301",
     "1.2 MB/s",
     "850KiB/s",
     "9.52it/s",

@@ -47,10 +47,13 @@ impl Session {
             | flag::SKETCH
             | flag::PENDING);
         rec.flags |= flag::RESULT;
+        // A test run that fails reports on the code under test, whatever statuses its tests
+        // expected or met (`assert 503 == 200`): never the infrastructure's trouble.
+        let retryable = outcome.retryable && !rec.has(flag::TEST);
         for (on, f) in [
             (outcome.error, flag::ERROR),
             (outcome.empty, flag::EMPTY),
-            (outcome.retryable, flag::RETRYABLE),
+            (retryable, flag::RETRYABLE),
             (pending, flag::PENDING),
         ] {
             if on {
