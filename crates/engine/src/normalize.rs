@@ -89,6 +89,11 @@ pub struct Outcome {
     /// The output only echoes lines the session typed: the command did not run (a terminal
     /// busy with another program). Such an output is a failure, the same for every command.
     pub echo: bool,
+    /// A failure whose signature names a syntax error (`IndentationError: …`): its digest with
+    /// that error known by its type alone ([`syntax_error`]). A test run's failures compare by
+    /// it: code that does not parse is one state, whatever the parser says of it, while an
+    /// edit a linter rejects for another syntax error is another proposal.
+    pub syntax: Option<u64>,
 }
 
 thread_local! {
@@ -253,7 +258,7 @@ impl ResultRules {
         // that ends with an exception (`TypeError: …`, [`exception_at`]) is known by that
         // exception alone: what comes before it is the code, the location or the output that
         // led there.
-        let (digest, named_key) = if error {
+        let (digest, named_key, syntax) = if error {
             let mut lines = masked
                 .lines()
                 .map(str::trim)
@@ -265,28 +270,52 @@ impl ResultRules {
             } else {
                 lines.take(SIGNATURE_SCAN_LINES).find(|l| names_error(l))
             };
-            let mut h = StreamHasher::new();
             let ending = if last.is_empty() { first } else { last };
-            if let Some(at) = exception_at(ending) {
-                h.byte(3);
-                signature_line(&mut h, &ending.as_bytes()[at..]);
-            } else {
-                h.byte(1);
-                signature_line(&mut h, first.as_bytes());
-                h.byte(b'\n');
-                signature_line(&mut h, last.as_bytes());
-            }
+            let exception = exception_at(ending).map(|at| &ending[at..]);
+            // The signature, its syntax error (if it names one) by its type alone and the file
+            // the parser stopped in.
+            let sign = |syntax: bool| {
+                let mut h = StreamHasher::new();
+                if syntax {
+                    h.bytes(syntax_file(masked).as_bytes());
+                    h.byte(0);
+                }
+                if let Some(e) = exception {
+                    h.byte(3);
+                    match syntax.then(|| syntax_error(e)).flatten() {
+                        Some(kind) => h.bytes(kind.as_bytes()),
+                        None => signature_line(&mut h, e.as_bytes()),
+                    }
+                } else {
+                    h.byte(1);
+                    signature_line(&mut h, first.as_bytes());
+                    h.byte(b'\n');
+                    signature_line(&mut h, last.as_bytes());
+                }
+                if let Some(named) = named {
+                    let kind = syntax
+                        .then(|| exception_at(named).and_then(|at| syntax_error(&named[at..])))
+                        .flatten();
+                    h.byte(b'\n');
+                    signature_line(&mut h, kind.unwrap_or(named).as_bytes());
+                }
+                h.finish()
+            };
             let named_key = named.map_or(0, |named| {
-                h.byte(b'\n');
-                signature_line(&mut h, named.as_bytes());
                 let mut k = StreamHasher::new();
                 k.byte(2);
                 signature_line(&mut k, named.as_bytes());
                 k.finish()
             });
-            (h.finish(), named_key)
+            let says_syntax = |line: &str| {
+                exception_at(line).is_some_and(|at| syntax_error(&line[at..]).is_some())
+            };
+            let syntax = (exception.is_some_and(|e| syntax_error(e).is_some())
+                || named.is_some_and(says_syntax))
+            .then(|| sign(true));
+            (sign(false), named_key, syntax)
         } else {
-            (digest_folding_ends(without_id_ends(masked)), 0)
+            (digest_folding_ends(without_id_ends(masked)), 0, None)
         };
         let sketched = if error {
             sketch(masked).map(|s| s ^ named_key)
@@ -321,6 +350,7 @@ impl ResultRules {
             empty,
             retryable: error && retryable(&self.retryable, masked),
             echo: false,
+            syntax,
         }
     }
 }
@@ -454,10 +484,31 @@ fn exception_at(line: &str) -> Option<usize> {
     found
 }
 
+/// The type of an exception (`exception` starts with it) that says code does not parse
+/// (`SyntaxError`, `IndentationError`, `TabError`, maybe with a module before it): the code
+/// never ran, whatever the parser's words for why (`expected an indented block`, `unindent
+/// does not match any outer indentation level`) or the line it stopped at (its file is kept:
+/// [`syntax_file`]).
+pub(super) fn syntax_error(exception: &str) -> Option<&str> {
+    let end = exception.find(':').unwrap_or(exception.len());
+    let kind = exception[..end].trim_end();
+    let last = kind.rsplit('.').next().unwrap_or(kind);
+    matches!(last, "SyntaxError" | "IndentationError" | "TabError").then_some(kind)
+}
+
+/// The file of the last frame of a Python traceback in `text` (`File "/repo/app.py", line
+/// 3`): where a syntax error stopped the parser. Empty when there is none.
+pub(super) fn syntax_file(text: &str) -> &str {
+    const FRAME: &[u8] = b"File \"";
+    memchr::memmem::rfind(text.as_bytes(), FRAME).map_or("", |at| {
+        let rest = &text[at + FRAME.len()..];
+        rest.find(['"', '\n']).map_or(rest, |end| &rest[..end])
+    })
+}
+
 /// Bytes read from the end of a result for `results.error_tail_patterns`.
 const TAIL_BYTES: usize = 512;
 
-/// The last `n` bytes of `text` or fewer, from a character boundary.
 /// Bytes read from each end of a failure for `results.retryable_patterns`.
 pub(super) const RETRYABLE_BYTES: usize = 512;
 
@@ -479,6 +530,7 @@ pub(super) fn retryable(patterns: &[Regex], masked: &str) -> bool {
         .any(|re| re.is_match(head) || (tail.len() < masked.len() && re.is_match(tail)))
 }
 
+/// The last `n` bytes of `text` or fewer, from a character boundary.
 fn tail_of(text: &str, n: usize) -> &str {
     let mut from = text.len().saturating_sub(n);
     while !text.is_char_boundary(from) {

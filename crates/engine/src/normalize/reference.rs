@@ -690,7 +690,7 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
     // an error, the first line between them that does: the same error for different attempts
     // (other content, other arguments echoed in between) is the same outcome. Its sketch is
     // keyed by that named line.
-    let (digest, named_key) = if error {
+    let (digest, named_key, syntax) = if error {
         let lines: Vec<&str> = masked
             .lines()
             .map(str::trim)
@@ -713,29 +713,58 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
                 .take(super::SIGNATURE_SCAN_LINES)
                 .find(|l| super::names_error(l))
         };
-        let mut h = StreamHasher::new();
         let ending = if last.is_empty() { first } else { last };
-        if let Some(at) = exception_plain(ending) {
-            h.byte(3);
-            signature_line(&mut h, &ending.as_bytes()[at..]);
-        } else {
-            h.byte(1);
-            signature_line(&mut h, first.as_bytes());
-            h.byte(b'\n');
-            signature_line(&mut h, last.as_bytes());
-        }
+        // A syntax error is known by its type alone in the second digest.
+        let syntax_kind = |line: &str| {
+            let at = exception_plain(line)?;
+            let kind = line[at..].split(':').next().unwrap_or("").trim_end();
+            ["SyntaxError", "IndentationError", "TabError"]
+                .iter()
+                .any(|t| kind == *t || kind.ends_with(&format!(".{t}")))
+                .then(|| kind.to_owned())
+        };
+        let sign = |syntax: bool| {
+            let mut h = StreamHasher::new();
+            if syntax {
+                let file = masked
+                    .rfind("File \"")
+                    .map(|at| &masked[at + 6..])
+                    .map_or("", |rest| rest.split(['"', '\n']).next().unwrap_or(""));
+                h.bytes(file.as_bytes());
+                h.byte(0);
+            }
+            if let Some(at) = exception_plain(ending) {
+                h.byte(3);
+                match syntax.then(|| syntax_kind(ending)).flatten() {
+                    Some(kind) => h.bytes(kind.as_bytes()),
+                    None => signature_line(&mut h, &ending.as_bytes()[at..]),
+                }
+            } else {
+                h.byte(1);
+                signature_line(&mut h, first.as_bytes());
+                h.byte(b'\n');
+                signature_line(&mut h, last.as_bytes());
+            }
+            if let Some(named) = named {
+                let kind = syntax.then(|| syntax_kind(named)).flatten();
+                h.byte(b'\n');
+                signature_line(&mut h, kind.as_deref().unwrap_or(named).as_bytes());
+            }
+            h.finish()
+        };
         let mut named_key = 0;
         if let Some(named) = named {
-            h.byte(b'\n');
-            signature_line(&mut h, named.as_bytes());
             let mut k = StreamHasher::new();
             k.byte(2);
             signature_line(&mut k, named.as_bytes());
             named_key = k.finish();
         }
-        (h.finish(), named_key)
+        let syntax = (syntax_kind(ending).is_some() && exception_plain(ending).is_some()
+            || named.is_some_and(|n| syntax_kind(n).is_some()))
+        .then(|| sign(true));
+        (sign(false), named_key, syntax)
     } else {
-        (digest_folding_ends(super::without_id_ends(masked)), 0)
+        (digest_folding_ends(super::without_id_ends(masked)), 0, None)
     };
     let empty = (error && super::says_nothing(masked))
         || (masked.len() <= super::EMPTY_MAX_BYTES
@@ -757,6 +786,7 @@ pub(super) fn outcome_plain(rules: &ResultRules, r: &ToolResult<'_>) -> Outcome 
         empty,
         retryable: error && super::retryable(&rules.retryable, masked),
         echo: false,
+        syntax,
     }
 }
 

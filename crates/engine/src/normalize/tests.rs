@@ -256,6 +256,40 @@ fn a_long_output_is_not_read_for_an_empty_answer() {
     assert!(r.outcome(&plain_result(at_the_bound)).empty);
 }
 
+/// Code that does not parse is one failure of its file, whatever the parser says of it
+/// (`Outcome::syntax`), while its digest keeps what it said; other failures have no such
+/// second digest.
+#[test]
+fn a_syntax_error_is_one_failure_of_its_file_whatever_the_parser_says() {
+    let r = default_rules();
+    let traceback = |file: &str, line: u32, message: &str| {
+        format!(
+            "Traceback (most recent call last):\n  File \"/repo/t.py\", line 1, in <module>\n    \
+             import app\n  File \"{file}\", line {line}\n    x = 1\nIndentationError: {message}"
+        )
+    };
+    let texts = [
+        traceback("/repo/app.py", 362, "expected an indented block"),
+        traceback(
+            "/repo/app.py",
+            363,
+            "unindent does not match any outer indentation level",
+        ),
+        traceback("/repo/other.py", 362, "expected an indented block"),
+        "Traceback (most recent call last):\nTypeError: x".to_owned(),
+    ];
+    let o: Vec<Outcome> = texts.iter().map(|t| r.outcome(&plain_result(t))).collect();
+    for (t, x) in texts.iter().zip(&o) {
+        assert!(x.error, "{t}");
+        assert_eq!(*x, outcome_plain(&r, &plain_result(t)), "{t}");
+    }
+    assert_ne!(o[0].digest, o[1].digest);
+    assert!(o[0].syntax.is_some());
+    assert_eq!(o[0].syntax, o[1].syntax);
+    assert_ne!(o[0].syntax, o[2].syntax);
+    assert_eq!(o[3].syntax, None);
+}
+
 /// Editing tools say their replacement failed without the word `error`: such a result is a
 /// failure, whatever the transcript's flags say.
 #[test]
@@ -757,6 +791,12 @@ const PIECES: &[&str] = &[
     "/tmp/abc",
     "/var/tmp/x1",
     "/private/tmp/q",
+    "\n  File \"/repo/app.py\", line 3\n",
+    "File \"/repo/b.py",
+    "\nIndentationError: expected an indented block\n",
+    "\nSyntaxError: invalid syntax",
+    "\nparser.TabError: inconsistent use of tabs",
+    "\nTypeError: x",
     "x/tmp/y",
     "req-7f3a9c",
     "msg_01H8XK2",

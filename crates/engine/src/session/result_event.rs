@@ -65,7 +65,13 @@ impl Session {
             rec.digest = crate::fingerprint::NOOP_FUZZY;
             rec.sketch = 0;
         } else {
-            rec.digest = outcome.digest as u32;
+            // A test run's failures compare with syntax errors known by their type alone:
+            // code that does not parse is one state ([`crate::normalize::Outcome::syntax`]).
+            let digest = match outcome.syntax {
+                Some(d) if rec.has(flag::TEST) => d,
+                _ => outcome.digest,
+            };
+            rec.digest = digest as u32;
             rec.sketch = outcome.sketch.unwrap_or(0);
             if outcome.long {
                 rec.flags |= flag::SKETCH;
