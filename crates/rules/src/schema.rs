@@ -836,9 +836,11 @@ section! {
         /// regexes on either end of a failure (its first and last 512 bytes, masked) that mean
         /// infrastructure trouble (a rate limit, a 5xx status, a dropped connection): retrying
         /// the call is not a loop. A status is read with what says it is one (`HTTP 503`,
-        /// `status: 429`, `503 Service Unavailable`), not as a bare number (`assert 503 == 200`)
+        /// `status: 429`, `503 Service Unavailable`), not as a bare number (`assert 503 == 200`).
+        /// A refused connection is no such trouble: nothing listens there (a server the agent
+        /// has not started, another port), and trying again changes nothing
         retryable_patterns: Vec<Regex> = REGEXES,
-            r#"['(?i)\b(rate.?limit(ed|s)?|too many requests|service unavailable|bad gateway|gateway time-?out|overloaded|temporarily unavailable|try again later|ECONNRESET|ETIMEDOUT|connection (reset|refused|timed out))\b', '(?i)\b(HTTP(/[0-9.]+)?|status( code)?|error( code)?|code)\W{0,3}(429|50[0234])\b']"#;
+            r#"['(?i)\b(rate.?limit(ed|s)?|too many requests|service unavailable|bad gateway|gateway time-?out|overloaded|temporarily unavailable|try again later|ECONNRESET|ETIMEDOUT|connection (reset|timed out))\b', '(?i)\b(HTTP(/[0-9.]+)?|status( code)?|error( code)?|code)\W{0,3}(429|50[0234])\b']"#;
         /// only this many bytes from each end of a result are normalized and hashed
         max_bytes: usize = int(256, 16_777_216), "65536";
     }

@@ -176,7 +176,7 @@ fn a_failure_is_retryable_by_what_its_ends_say() {
     for text in [
         "HTTP 429 Too Many Requests",
         "Error: status code 502 from upstream",
-        "curl: (7) Failed to connect to api.example.com port 443: Connection refused",
+        "curl: (28) Failed to connect to api.example.com port 443: Connection timed out",
         "requests.exceptions.HTTPError: 503 Server Error: Service Unavailable for url: https://x",
         "openai.RateLimitError: Error code: 429 - {'error': {'message': 'Rate limit reached'}}",
     ] {
@@ -190,6 +190,7 @@ fn a_failure_is_retryable_by_what_its_ends_say() {
         "E       assert 503 == 200",
         "FAILED tests/test_api.py::test_limits - assert 429 == 200",
         "For example http://amazon.com returns 503 for every get request",
+        "curl: (7) Failed to connect to localhost port 8000: Connection refused",
     ] {
         assert!(!failed(&format!("error: build failed\n{text}")), "{text}");
     }
