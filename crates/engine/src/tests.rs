@@ -568,6 +568,33 @@ fn retries_of_rate_limited_calls_are_not_loops() {
     );
 }
 
+/// Retrying through a rate limit is what the error asks for, but not without end: the same
+/// call refused so again and again is flagged at `RETRY_SLACK` times its threshold.
+#[test]
+fn retries_of_a_rate_limited_call_without_end_are_a_loop() {
+    let mut h = H::default();
+    // `web_fetch` is an exploration tool: `exact_repeat` threshold 4.
+    let limit = 4 * crate::detect::RETRY_SLACK as usize;
+    for i in 1..limit {
+        let (c, r) = h.run(
+            "web_fetch",
+            json!({"url": "https://x.test"}),
+            "HTTP 429 Too Many Requests",
+            true,
+        );
+        assert!(c.is_allow() && r.is_allow(), "retry {i}: {c:?} {r:?}");
+    }
+    let (c, _) = h.run(
+        "web_fetch",
+        json!({"url": "https://x.test"}),
+        "HTTP 429 Too Many Requests",
+        true,
+    );
+    assert_eq!(c.action, Action::Warn, "{c:?}");
+    assert_eq!(c.detector.as_deref(), Some("exact_repeat"));
+    assert_eq!(c.count, limit as u32);
+}
+
 /// A failing test run reports on the code under test: a 503 its test met is the code's
 /// failure, and the same run failing so again is a loop like any other.
 #[test]

@@ -835,7 +835,7 @@ section! {
             r#"['(?m)^[=_ -]*[1-9]\d* (failed|errors?)\b', '(?m)^FAILED \S+::', '(?m)^test result: FAILED\b', '(?m)^error: (could not compile|test failed|aborting due to)', '(?m)^(FAIL:?|--- FAIL:)\s', '(?m)^FAILED \((failures|errors)=', '(?m)^\s*Tests?:?\s+[1-9]\d* failed\b', '(?m)^\s*[1-9]\d* failing\b', '(?m)^npm (ERR!|error) ', '(?m)^make(\[\d+\])?: \*\*\* ', '(?m)^(BUILD FAILED|FAILURE: Build failed|\[ERROR\] BUILD FAILURE)', '(?mi)^\W{0,3}(exit(ed)?( with)? (code|status)|exit_code|returncode)"?\s*[:=]?\s*[1-9]']"#;
         /// regexes on either end of a failure (its first and last 512 bytes, masked) that mean
         /// infrastructure trouble (a rate limit, a 5xx status, a dropped connection): retrying
-        /// the call is not a loop. A status is read with what says it is one (`HTTP 503`,
+        /// the call is not a loop until `exact_repeat` counts three times its threshold. A status is read with what says it is one (`HTTP 503`,
         /// `status: 429`, `503 Service Unavailable`), not as a bare number (`assert 503 == 200`).
         /// A refused connection is no such trouble: nothing listens there (a server the agent
         /// has not started, another port), and trying again changes nothing

@@ -10,22 +10,25 @@ use loopguard_rules::config::{Counted, Cycle};
 use loopguard_rules::config::{ExactRepeat, FuzzyRepeat, Interleaved, UnknownTool};
 
 use super::{
-    Det, Detection, Involved, Record, Window, flag, for_record, needed, pending_due, polls_pending,
+    Det, Detection, Involved, RETRY_SLACK, Record, Window, flag, for_record, needed, pending_due,
+    polls_pending,
 };
 
 #[cfg(test)]
-/// Counts the current call plus earlier matching calls. Retried calls after a retryable error
-/// are skipped; with `reset`, a repeat whose result differs from the next one ends the count.
+/// Counts the current call plus earlier matching calls. Calls whose result was a retryable
+/// error are counted apart (the third value, the oldest of them the fourth); with `reset`, a
+/// repeat whose result differs from the next one ends the count.
 fn repeat_count(
     w: &Window<'_>,
     same: impl Fn(&Record) -> bool,
     consecutive: bool,
     reset: bool,
     fuzzy: bool,
-) -> Option<(u32, usize)> {
+) -> Option<(u32, usize, u32, usize)> {
     let cur = w.get(0)?;
     let mut count = 1u32;
     let mut start = 0usize;
+    let (mut retries, mut retry_start) = (0u32, 0usize);
     let mut newer: Option<&Record> = None;
     for (k, r) in w.iter().enumerate().skip(1) {
         // A successful modification since the older repeats is progress.
@@ -38,7 +41,12 @@ fn repeat_count(
             }
             continue;
         }
-        if r.has(flag::WAIT) || (r.has(flag::RESULT) && r.has(flag::RETRYABLE)) {
+        if r.has(flag::WAIT) {
+            continue;
+        }
+        if r.has(flag::RESULT) && r.has(flag::RETRYABLE) {
+            retries += 1;
+            retry_start = k;
             continue;
         }
         if reset && r.real_result() {
@@ -53,7 +61,27 @@ fn repeat_count(
         count += 1;
         start = k;
     }
-    Some((count, start))
+    Some((count, start, retries, retry_start))
+}
+
+/// The count and the oldest call of an `exact_repeat` detection, if the repeats (`count`
+/// from `start`) or, with the retries of a call the infrastructure refused (`retries`, the
+/// oldest at `retry_start`), [`RETRY_SLACK`] times the threshold call for one.
+fn exact_found(
+    threshold: u32,
+    allowance: u32,
+    (count, start, retries, retry_start): (u32, usize, u32, usize),
+) -> Option<(u32, usize)> {
+    if count >= needed(threshold, allowance, count, start + 1) {
+        return Some((count, start));
+    }
+    let total = count.saturating_add(retries);
+    (retries > 0
+        && total
+            >= threshold
+                .saturating_mul(RETRY_SLACK)
+                .saturating_add(allowance))
+    .then_some((total, start.max(retry_start)))
 }
 
 #[cfg(test)]
@@ -62,25 +90,23 @@ pub fn exact_repeat(w: &Window<'_>, p: &ExactRepeat, allowance: u32) -> Option<D
     if !p.enabled || cur.has(flag::WAIT) {
         return None;
     }
-    let (count, start) = repeat_count(
+    let counted = repeat_count(
         w,
         |r| r.exact == cur.exact,
         p.consecutive,
         p.reset_on_changed_result,
         false,
     )?;
-    (count >= needed(for_record(p.threshold, cur), allowance, count, start + 1)).then(|| {
-        Detection {
-            tool: Some(cur.tool),
-            involved: Involved::Exact(cur.exact),
-            start_seq: w.seq(start),
-            ..Detection::new(
-                Det::ExactRepeat,
-                u64::from(cur.exact),
-                count,
-                for_record(p.threshold, cur),
-            )
-        }
+    exact_found(for_record(p.threshold, cur), allowance, counted).map(|(count, start)| Detection {
+        tool: Some(cur.tool),
+        involved: Involved::Exact(cur.exact),
+        start_seq: w.seq(start),
+        ..Detection::new(
+            Det::ExactRepeat,
+            u64::from(cur.exact),
+            count,
+            for_record(p.threshold, cur),
+        )
     })
 }
 
@@ -90,7 +116,7 @@ pub fn fuzzy_repeat(w: &Window<'_>, p: &FuzzyRepeat, allowance: u32) -> Option<D
     if !p.enabled || cur.has(flag::WAIT) {
         return None;
     }
-    let (count, start) = repeat_count(
+    let (count, start, _, _) = repeat_count(
         w,
         |r| r.fuzzy == cur.fuzzy,
         false,
@@ -497,6 +523,9 @@ struct Repeat {
     start: usize,
     /// The newest counted call with a real result.
     newer: Option<Record>,
+    /// Calls whose result was a retryable error, and the oldest of them.
+    retries: u32,
+    retry_start: usize,
 }
 
 impl Repeat {
@@ -506,6 +535,8 @@ impl Repeat {
             count: 1,
             start: 0,
             newer: None,
+            retries: 0,
+            retry_start: 0,
         }
     }
 
@@ -524,7 +555,12 @@ impl Repeat {
             self.on &= !consecutive;
             return;
         }
-        if r.has(flag::WAIT) || (r.has(flag::RESULT) && r.has(flag::RETRYABLE)) {
+        if r.has(flag::WAIT) {
+            return;
+        }
+        if r.has(flag::RESULT) && r.has(flag::RETRYABLE) {
+            self.retries += 1;
+            self.retry_start = k;
             return;
         }
         if reset && r.real_result() {
@@ -688,25 +724,26 @@ fn scan_window(w: &Window<'_>, d: &Detectors, allowance: u32, unknown: bool) -> 
             ..Detection::new(det, key, count, threshold)
         };
     let found = Scan {
-        exact: (exact_on
-            && exact.count
-                >= needed(
+        exact: exact_on
+            .then(|| {
+                exact_found(
                     for_record(pe.threshold, cur),
                     allowance,
-                    exact.count,
-                    exact.start + 1,
-                ))
-        .then(|| {
-            let e = cur.exact;
-            detection(
-                Det::ExactRepeat,
-                u64::from(e),
-                exact.count,
-                for_record(pe.threshold, cur),
-                Involved::Exact(e),
-                exact.start,
-            )
-        }),
+                    (exact.count, exact.start, exact.retries, exact.retry_start),
+                )
+            })
+            .flatten()
+            .map(|(count, start)| {
+                let e = cur.exact;
+                detection(
+                    Det::ExactRepeat,
+                    u64::from(e),
+                    count,
+                    for_record(pe.threshold, cur),
+                    Involved::Exact(e),
+                    start,
+                )
+            }),
         fuzzy: (fuzzy_on
             && fuzzy.count
                 >= needed(

@@ -55,6 +55,11 @@ pub mod flag {
 /// (`flag::POLL`): what it looks at changes by itself, and waiting for it takes a few looks.
 pub const POLL_SLACK: u32 = 2;
 
+/// How many times its threshold `exact_repeat` needs before it flags a call made again after
+/// failures that were the infrastructure's trouble (`results.retryable_patterns`): retrying
+/// through a rate limit or an outage is what such errors ask for, but not without end.
+pub const RETRY_SLACK: u32 = 3;
+
 /// The threshold of a repeat detector for the record `r`: [`POLL_SLACK`] times `threshold`
 /// for a poll.
 pub fn for_record(threshold: u32, r: &Record) -> u32 {
