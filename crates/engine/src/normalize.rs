@@ -235,11 +235,7 @@ impl ResultRules {
             || match r.exit_code {
                 Some(code) => code != 0,
                 None => {
-                    let mut head = masked.len().min(512);
-                    while !masked.is_char_boundary(head) {
-                        head -= 1;
-                    }
-                    let head = &masked[..head];
+                    let head = head_of(masked, 512);
                     let tail = tail_of(r.output, TAIL_BYTES);
                     self.errors.iter().any(|re| re.is_match(head))
                         || (!self.error_tails.is_empty()
@@ -272,6 +268,10 @@ impl ResultRules {
             };
             let ending = if last.is_empty() { first } else { last };
             let exception = exception_at(ending).map(|at| &ending[at..]);
+            // The syntax errors the ending and the named line say, by their types.
+            let ending_syntax = exception.and_then(syntax_error);
+            let named_syntax =
+                named.and_then(|n| exception_at(n).and_then(|at| syntax_error(&n[at..])));
             // The signature, its syntax error (if it names one) by its type alone and the file
             // the parser stopped in.
             let sign = |syntax: bool| {
@@ -282,7 +282,7 @@ impl ResultRules {
                 }
                 if let Some(e) = exception {
                     h.byte(3);
-                    match syntax.then(|| syntax_error(e)).flatten() {
+                    match ending_syntax.filter(|_| syntax) {
                         Some(kind) => h.bytes(kind.as_bytes()),
                         None => signature_line(&mut h, e.as_bytes()),
                     }
@@ -293,9 +293,7 @@ impl ResultRules {
                     signature_line(&mut h, last.as_bytes());
                 }
                 if let Some(named) = named {
-                    let kind = syntax
-                        .then(|| exception_at(named).and_then(|at| syntax_error(&named[at..])))
-                        .flatten();
+                    let kind = named_syntax.filter(|_| syntax);
                     h.byte(b'\n');
                     signature_line(&mut h, kind.unwrap_or(named).as_bytes());
                 }
@@ -307,12 +305,7 @@ impl ResultRules {
                 signature_line(&mut k, named.as_bytes());
                 k.finish()
             });
-            let says_syntax = |line: &str| {
-                exception_at(line).is_some_and(|at| syntax_error(&line[at..]).is_some())
-            };
-            let syntax = (exception.is_some_and(|e| syntax_error(e).is_some())
-                || named.is_some_and(says_syntax))
-            .then(|| sign(true));
+            let syntax = (ending_syntax.is_some() || named_syntax.is_some()).then(|| sign(true));
             (sign(false), named_key, syntax)
         } else {
             (digest_folding_ends(without_id_ends(masked)), 0, None)
@@ -520,14 +513,22 @@ pub(super) fn retryable(patterns: &[Regex], masked: &str) -> bool {
     if patterns.is_empty() {
         return false;
     }
-    let mut head = masked.len().min(RETRYABLE_BYTES);
-    while !masked.is_char_boundary(head) {
-        head -= 1;
-    }
-    let (head, tail) = (&masked[..head], tail_of(masked, RETRYABLE_BYTES));
+    let (head, tail) = (
+        head_of(masked, RETRYABLE_BYTES),
+        tail_of(masked, RETRYABLE_BYTES),
+    );
     patterns
         .iter()
         .any(|re| re.is_match(head) || (tail.len() < masked.len() && re.is_match(tail)))
+}
+
+/// The first `n` bytes of `text` or fewer, to a character boundary.
+fn head_of(text: &str, n: usize) -> &str {
+    let mut to = text.len().min(n);
+    while !text.is_char_boundary(to) {
+        to -= 1;
+    }
+    &text[..to]
 }
 
 /// The last `n` bytes of `text` or fewer, from a character boundary.
